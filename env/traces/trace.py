@@ -1,0 +1,78 @@
+"""A request trace: sorted arrays of arrival times, prompt and output lengths, and SLO classes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests in arrival order. ``arrival_s`` starts at 0 for a trace read from a file (the
+    first request), and is non-decreasing."""
+
+    name: str
+    arrival_s: np.ndarray
+    """float64 seconds, sorted"""
+    prompt_tokens: np.ndarray
+    """int64, >= 1"""
+    output_tokens: np.ndarray
+    """int64, >= 1"""
+    slo_class: np.ndarray
+    """str (numpy unicode) class names, one per request"""
+    source: str = ""
+    """where it came from: a file path, or the generator and its parameters"""
+    skipped: dict[str, int] = field(default_factory=dict)
+    """rows skipped by rule when it was read, by reason (never dropped silently)"""
+
+    def __post_init__(self) -> None:
+        n = len(self.arrival_s)
+        for name in ("prompt_tokens", "output_tokens", "slo_class"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"trace {self.name!r}: {name} has {len(getattr(self, name))} "
+                                 f"entries, arrival_s has {n}")
+        if n and np.any(np.diff(self.arrival_s) < 0):
+            raise ValueError(f"trace {self.name!r}: arrival_s is not sorted")
+        if n and (self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1):
+            raise ValueError(f"trace {self.name!r}: token counts must be >= 1")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1] - self.arrival_s[0]) if len(self) else 0.0
+
+    @property
+    def mean_rate(self) -> float:
+        d = self.duration_s
+        return (len(self) - 1) / d if d > 0 else 0.0
+
+    def select(self, mask_or_index: np.ndarray, name: str | None = None,
+               source: str | None = None) -> "Trace":
+        """A trace of a subset of the requests (a boolean mask or sorted indices)."""
+        return Trace(name=name or self.name, arrival_s=self.arrival_s[mask_or_index],
+                     prompt_tokens=self.prompt_tokens[mask_or_index],
+                     output_tokens=self.output_tokens[mask_or_index],
+                     slo_class=self.slo_class[mask_or_index],
+                     source=source or self.source, skipped=dict(self.skipped))
+
+    def stats(self) -> dict[str, float]:
+        """The figures ``../shared/traces/README.md`` tabulates, for checking generators."""
+        if len(self) < 2:
+            return {"requests": len(self)}
+        gaps = np.diff(self.arrival_s)
+        sec = np.floor(self.arrival_s - self.arrival_s[0]).astype(np.int64)
+        per_sec = np.bincount(sec)
+        return {
+            "requests": len(self),
+            "duration_s": self.duration_s,
+            "mean_rate": self.mean_rate,
+            "interarrival_cv": float(gaps.std() / gaps.mean()) if gaps.mean() > 0 else 0.0,
+            "peak_1s_over_mean": float(per_sec.max() / self.mean_rate) if self.mean_rate else 0.0,
+            "prompt_mean": float(self.prompt_tokens.mean()),
+            "prompt_p99": float(np.percentile(self.prompt_tokens, 99)),
+            "output_mean": float(self.output_tokens.mean()),
+            "output_p99": float(np.percentile(self.output_tokens, 99)),
+        }

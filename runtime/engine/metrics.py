@@ -1,0 +1,192 @@
+"""Serving metrics: per-interval counters the controller sees, and the summary of a run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from runtime.engine.request import RejectReason, Request, Status
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100, linear interpolation); 0.0 for no values."""
+    if not values:
+        return 0.0
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def fast_p99(values: list[float]) -> float:
+    """Nearest-rank 99th percentile of a short list, without numpy's per-call overhead."""
+    n = len(values)
+    if n == 0:
+        return 0.0
+    if n == 1:
+        return values[0]
+    return sorted(values)[min(n - 1, math.ceil(0.99 * n) - 1)]
+
+
+@dataclass(slots=True)
+class IntervalStats:
+    """What happened in the engine between two calls of ``Engine.collect_interval``, and its state
+    at the end. Counts are events in the interval; ``ttfts`` and ``tpots`` hold the TTFT of every
+    first token and the TPOT of every finish in it."""
+
+    start_s: float = 0.0
+    end_s: float = 0.0
+    arrivals: int = 0
+    arrival_prompt_sum: float = 0.0
+    arrival_prompt_sumsq: float = 0.0
+    finished: int = 0
+    met: int = 0
+    """finished within their SLO"""
+    violations: int = 0
+    """requests whose SLO miss became certain in the interval (each request counted once)"""
+    rejected: int = 0
+    preemptions: int = 0
+    ooms: int = 0
+    iterations: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    busy_s: float = 0.0
+    resize_s: float = 0.0
+    ttfts: list[float] = field(default_factory=list)
+    ttft_ratios: list[float] = field(default_factory=list)
+    tpots: list[float] = field(default_factory=list)
+    tpot_ratios: list[float] = field(default_factory=list)
+    # state at the end of the interval
+    waiting: int = 0
+    waiting_tokens: int = 0
+    running: int = 0
+    kv_utilization: float = 0.0
+    kv_fragmentation: float = 0.0
+    kv_blocks: int = 0
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def arrival_rate(self) -> float:
+        d = self.duration_s
+        return self.arrivals / d if d > 0 else 0.0
+
+    @property
+    def prompt_mean(self) -> float:
+        return self.arrival_prompt_sum / self.arrivals if self.arrivals else 0.0
+
+    @property
+    def prompt_std(self) -> float:
+        if self.arrivals < 2:
+            return 0.0
+        m = self.prompt_mean
+        return math.sqrt(max(0.0, self.arrival_prompt_sumsq / self.arrivals - m * m))
+
+    @property
+    def slo_attainment(self) -> float:
+        """Met over (met + certain violations) in the interval; 1.0 when nothing was decided."""
+        decided = self.met + self.violations
+        return self.met / decided if decided else 1.0
+
+    @property
+    def ttft_p99_ratio(self) -> float:
+        """p99 of TTFT / its class target over the first tokens of the interval."""
+        return fast_p99(self.ttft_ratios)
+
+    @property
+    def tpot_p99_ratio(self) -> float:
+        return fast_p99(self.tpot_ratios)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    requests: int
+    finished: int
+    rejected: int
+    rejected_by_reason: dict[str, int]
+    met: int
+    slo_attainment: float
+    """met / (finished + rejected), aborted requests excluded"""
+    goodput_rps: float
+    throughput_rps: float
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    tpot_p50_s: float
+    tpot_p90_s: float
+    tpot_p99_s: float
+    preemptions: int
+    ooms: int
+    iterations: int
+    sim_seconds: float
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int, ooms: int,
+              iterations: int) -> RunSummary:
+    ttfts, tpots = [], []
+    n = finished = rejected = met = 0
+    reasons: dict[str, int] = {}
+    for r in requests:
+        n += 1
+        if r.status == Status.FINISHED:
+            finished += 1
+            ttfts.append(r.first_token_s - r.arrival_s)
+            if r.output_tokens >= 2:
+                tpots.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1))
+            met += r.meets_slo()
+        elif r.status == Status.REJECTED:
+            reasons[r.reject_reason.value] = reasons.get(r.reject_reason.value, 0) + 1
+            if r.reject_reason != RejectReason.ABORTED:
+                rejected += 1
+    decided = finished + rejected
+    return RunSummary(
+        requests=n, finished=finished, rejected=rejected, rejected_by_reason=reasons, met=met,
+        slo_attainment=met / decided if decided else 1.0,
+        goodput_rps=met / sim_seconds if sim_seconds > 0 else 0.0,
+        throughput_rps=finished / sim_seconds if sim_seconds > 0 else 0.0,
+        ttft_p50_s=percentile(ttfts, 50), ttft_p90_s=percentile(ttfts, 90),
+        ttft_p99_s=percentile(ttfts, 99),
+        tpot_p50_s=percentile(tpots, 50), tpot_p90_s=percentile(tpots, 90),
+        tpot_p99_s=percentile(tpots, 99),
+        preemptions=preemptions, ooms=ooms, iterations=iterations, sim_seconds=sim_seconds,
+    )
+
+
+def burst_onsets(arrival_rate: Sequence[float], interval_s: float, *, factor: float = 3.0,
+                 baseline_s: float = 30.0, min_rate: float = 1.0) -> list[int]:
+    """Indices of intervals where a burst starts: the arrival rate exceeds ``factor`` times the
+    mean of the preceding ``baseline_s`` (and ``min_rate``), after at least one calm interval."""
+    rates = np.asarray(arrival_rate, dtype=np.float64)
+    w = max(1, int(round(baseline_s / interval_s)))
+    onsets: list[int] = []
+    in_burst = False
+    for i in range(1, len(rates)):
+        base = rates[max(0, i - w):i].mean()
+        hot = rates[i] > max(factor * base, min_rate)
+        if hot and not in_burst:
+            onsets.append(i)
+        in_burst = hot or (in_burst and rates[i] > max(base, min_rate))
+    return onsets
+
+
+def recovery_times(attainment: Sequence[float], onsets: Sequence[int], interval_s: float, *,
+                   target: float = 0.99, hold: int = 3) -> list[float]:
+    """Seconds from each burst onset until interval attainment is back at ``target`` for ``hold``
+    intervals in a row; ``inf`` when it never recovers within the series."""
+    att = np.asarray(attainment, dtype=np.float64)
+    out = []
+    for start in onsets:
+        t = math.inf
+        run = 0
+        for j in range(start, len(att)):
+            run = run + 1 if att[j] >= target else 0
+            if run >= hold:
+                t = (j - hold + 1 - start) * interval_s
+                break
+        out.append(t)
+    return out

@@ -1,0 +1,127 @@
+"""Executor profiles: the cost model and memory model of one model shape on one accelerator.
+
+A profile is a JSON file. Measured profiles come from ``scripts/profile_executor.py`` (the torch
+executor on real hardware); a roofline profile is derived from datasheet figures by
+``scripts/make_roofline_profile.py`` and says so in its ``kind`` and ``derivation`` fields.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.engine.executor import Batch, DecodeCost, MemoryModel
+
+PROFILE_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "profiles"
+DEFAULT_PROFILE_PATH = PROFILE_DIR / "h200-llama2-7b-40gib-roofline.json"
+PROFILE_KINDS = ("roofline", "measured")
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Iteration time = const + prefill_token * prefill tokens + prefill_attn_pair * attention
+    (query, key) pairs of the prefill chunks + decode_seq * decoding sequences
+    + decode_ctx_token * context tokens the decodes attend to."""
+
+    const_s: float
+    prefill_token_s: float
+    prefill_attn_pair_s: float
+    decode_seq_s: float
+    decode_ctx_token_s: float
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"cost.{name} must be a finite number >= 0, got {value}")
+
+    def iteration_s(self, batch: Batch) -> float:
+        return (self.const_s + self.prefill_token_s * batch.prefill_tokens
+                + self.prefill_attn_pair_s * batch.prefill_attn_pairs
+                + self.decode_seq_s * batch.decode_seqs
+                + self.decode_ctx_token_s * batch.decode_ctx_tokens)
+
+    def as_decode_cost(self) -> DecodeCost:
+        return DecodeCost(self.const_s, self.decode_seq_s, self.decode_ctx_token_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    kind: str
+    """"roofline" (derived from datasheet figures) or "measured" (fitted to executor timings)"""
+    memory: MemoryModel
+    cost: CostModel
+    oom_penalty_s: float
+    """time lost by an iteration that runs out of activation memory before it is retried"""
+    resize_fixed_s: float
+    """time of any change of the KV pool size (drain, allocator calls)"""
+    resize_per_gib_s: float
+    """additional time per GiB allocated or released"""
+    block_copy_s: float
+    """time to copy one KV block (compaction when the pool shrinks)"""
+    hardware: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    derivation: dict[str, Any] = field(default_factory=dict)
+    fit: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in PROFILE_KINDS:
+            raise ValueError(f"profile kind must be one of {PROFILE_KINDS}, got {self.kind!r}")
+        for name in ("oom_penalty_s", "resize_fixed_s", "resize_per_gib_s", "block_copy_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {"format": "batchpilot-profile/1", **d}
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], source: str = "<dict>") -> "Profile":
+        def need(obj: dict, key: str, where: str):
+            if not isinstance(obj, dict) or key not in obj:
+                raise ValueError(f"{source}: missing field {where}{key}")
+            return obj[key]
+
+        try:
+            if data.get("format") != "batchpilot-profile/1":
+                raise ValueError(f"field format is {data.get('format')!r}, "
+                                 "expected 'batchpilot-profile/1'")
+            mem = need(data, "memory", "")
+            memory = MemoryModel(**{k: int(need(mem, k, "memory."))
+                                    for k in MemoryModel.__dataclass_fields__})
+            cost_d = need(data, "cost", "")
+            cost = CostModel(**{k: float(need(cost_d, k, "cost."))
+                                for k in CostModel.__dataclass_fields__})
+            return cls(
+                name=str(need(data, "name", "")), kind=str(need(data, "kind", "")),
+                memory=memory, cost=cost,
+                oom_penalty_s=float(need(data, "oom_penalty_s", "")),
+                resize_fixed_s=float(need(data, "resize_fixed_s", "")),
+                resize_per_gib_s=float(need(data, "resize_per_gib_s", "")),
+                block_copy_s=float(need(data, "block_copy_s", "")),
+                hardware=dict(data.get("hardware", {})), model=dict(data.get("model", {})),
+                derivation=dict(data.get("derivation", {})), fit=dict(data.get("fit", {})),
+            )
+        except (TypeError, ValueError) as e:
+            msg = str(e)
+            raise ValueError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "Profile":
+        """Load a profile file (the shipped roofline H200 profile when ``path`` is None)."""
+        path = Path(path) if path is not None else DEFAULT_PROFILE_PATH
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"profile file not found: {path}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): "
+                             f"{e.msg}") from None
+        return cls.from_json(data, source=str(path))

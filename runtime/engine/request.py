@@ -1,0 +1,89 @@
+"""A request as the engine sees it, from arrival to finished or rejected."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Status(enum.IntEnum):
+    PENDING = 0  # known to the engine, arrival time not reached yet
+    WAITING = 1  # arrived (or preempted) and waiting for admission
+    RUNNING = 2  # admitted: holds KV blocks and is scheduled every iteration
+    FINISHED = 3
+    REJECTED = 4
+
+
+class RejectReason(str, enum.Enum):
+    EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"
+    """prompt + output tokens exceed the engine's max_model_len"""
+    EXCEEDS_KV_CAPACITY = "exceeds_kv_capacity"
+    """the request alone needs more KV blocks than the pool holds at the current ratio"""
+    INVALID = "invalid"
+    """non-positive prompt or output length"""
+    ABORTED = "aborted"
+    """still in flight when the run was cut off (end of an episode or shutdown)"""
+
+
+class Request:
+    """Token accounting follows vLLM v1: ``num_computed_tokens`` catches up to ``num_tokens``.
+
+    ``num_tokens`` is the prompt plus the output tokens sampled so far; an iteration that brings
+    ``num_computed_tokens`` up to ``num_tokens`` samples one more token. A preempted request
+    drops its KV and recomputes all its tokens when it is admitted again.
+    """
+
+    __slots__ = (
+        "req_id", "arrival_s", "prompt_tokens", "output_tokens", "slo_class", "ttft_target_s",
+        "tpot_target_s", "status", "num_computed_tokens", "num_output_tokens", "block_ids",
+        "first_token_s", "finish_s", "num_preemptions", "reject_reason", "violation_counted",
+        "admitted_s",
+    )
+
+    def __init__(self, req_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
+                 slo_class: str, ttft_target_s: float, tpot_target_s: float) -> None:
+        self.req_id = req_id
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.slo_class = slo_class
+        self.ttft_target_s = ttft_target_s
+        self.tpot_target_s = tpot_target_s
+        self.status = Status.PENDING
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.block_ids: list[int] = []
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.num_preemptions = 0
+        self.reject_reason: RejectReason | None = None
+        # Set once the request's SLO miss became certain and was counted, so it is counted once.
+        self.violation_counted = False
+        self.admitted_s: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.num_output_tokens
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        if self.finish_s is None or self.first_token_s is None or self.output_tokens < 2:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
+
+    def meets_slo(self) -> bool:
+        """Finished within both targets (a one-token output is judged on TTFT alone)."""
+        if self.status != Status.FINISHED:
+            return False
+        if self.first_token_s - self.arrival_s > self.ttft_target_s:
+            return False
+        tpot = self.tpot_s
+        return tpot is None or tpot <= self.tpot_target_s
+
+    def __repr__(self) -> str:
+        return (f"Request(id={self.req_id}, status={self.status.name}, arrival={self.arrival_s:.3f}, "
+                f"prompt={self.prompt_tokens}, output={self.num_output_tokens}/{self.output_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})")

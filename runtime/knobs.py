@@ -1,0 +1,123 @@
+"""The three batching knobs and the one mapping between actions and knobs.
+
+A policy acts in ``Box(-1, 1, shape=(3,), float32)``; :func:`action_to_knobs` is the only place
+that turns such an action into knobs, and :func:`knobs_to_action` its inverse (used to put the
+current knobs into the observation). The window and the chunk move on a log scale, the ratio
+linearly; the chunk is rounded to a multiple of the KV block size.
+
+===  ======================  =====  ==========  =====  =============================================
+idx  knob                    unit   range       scale  what it trades
+===  ======================  =====  ==========  =====  =============================================
+0    batch_window_ms         ms     5 .. 200    log    TTFT against prefill batching and decode stalls
+1    prefill_chunk_tokens    tok    64 .. 16384 log    TPOT (decode stalls) against TTFT, throughput
+2    kv_cache_ratio          1      0.40 .. 0.95 lin   concurrency, preemptions against activation
+                                                       room (OOM) and memory others could use
+===  ======================  =====  ==========  =====  =============================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+BLOCK_SIZE_TOKENS = 16
+"""KV block size in tokens; the chunk knob is a multiple of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class KnobSpec:
+    name: str
+    unit: str
+    low: float
+    high: float
+    scale: str  # "log" or "linear"
+    step: float  # the resolution a value is rounded to
+    doc: str
+
+
+KNOB_SPECS: tuple[KnobSpec, ...] = (
+    KnobSpec("batch_window_ms", "ms", 5.0, 200.0, "log", 1.0,
+             "how long newly arrived requests are held before admission to prefill"),
+    KnobSpec("prefill_chunk_tokens", "tokens", 64.0, 16384.0, "log", float(BLOCK_SIZE_TOKENS),
+             "the most prefill tokens one engine iteration may carry"),
+    KnobSpec("kv_cache_ratio", "fraction", 0.40, 0.95, "linear", 0.0,
+             "share of the memory left after the weights reserved for paged KV blocks"),
+)
+KNOB_NAMES: tuple[str, ...] = tuple(k.name for k in KNOB_SPECS)
+NUM_KNOBS = len(KNOB_SPECS)
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """One setting of the three knobs, always within range (the constructor checks)."""
+
+    batch_window_ms: float
+    prefill_chunk_tokens: int
+    kv_cache_ratio: float
+
+    def __post_init__(self) -> None:
+        for spec, value in zip(KNOB_SPECS, (self.batch_window_ms, self.prefill_chunk_tokens,
+                                            self.kv_cache_ratio)):
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{spec.name} must be a finite number, got {value!r}")
+            if not spec.low - 1e-9 <= value <= spec.high + 1e-9:
+                raise ValueError(
+                    f"{spec.name}={value} is outside its range [{spec.low:g}, {spec.high:g}] {spec.unit}")
+        if self.prefill_chunk_tokens % BLOCK_SIZE_TOKENS:
+            raise ValueError(f"prefill_chunk_tokens={self.prefill_chunk_tokens} is not a multiple "
+                             f"of the KV block size ({BLOCK_SIZE_TOKENS} tokens)")
+
+    @classmethod
+    def clamped(cls, batch_window_ms: float, prefill_chunk_tokens: float,
+                kv_cache_ratio: float) -> "Knobs":
+        """Knobs from any finite values: clamped to their ranges and rounded to their steps."""
+        values = []
+        for spec, v in zip(KNOB_SPECS, (batch_window_ms, prefill_chunk_tokens, kv_cache_ratio)):
+            if not math.isfinite(v):
+                raise ValueError(f"{spec.name} must be finite, got {v!r}")
+            v = min(max(float(v), spec.low), spec.high)
+            if spec.step:
+                v = min(max(round(v / spec.step) * spec.step, spec.low), spec.high)
+            values.append(v)
+        return cls(float(values[0]), int(values[1]), float(values[2]))
+
+    def as_tuple(self) -> tuple[float, int, float]:
+        return (self.batch_window_ms, self.prefill_chunk_tokens, self.kv_cache_ratio)
+
+    def as_dict(self) -> dict[str, float]:
+        return {n: v for n, v in zip(KNOB_NAMES, self.as_tuple())}
+
+
+DEFAULT_KNOBS = Knobs(batch_window_ms=5.0, prefill_chunk_tokens=2048, kv_cache_ratio=0.9)
+"""vLLM-like start-up values: a short window, a 2048-token budget, 90% of free memory for KV."""
+
+
+def _to_unit(spec: KnobSpec, value: float) -> float:
+    if spec.scale == "log":
+        return (math.log(value) - math.log(spec.low)) / (math.log(spec.high) - math.log(spec.low))
+    return (value - spec.low) / (spec.high - spec.low)
+
+
+def _from_unit(spec: KnobSpec, u: float) -> float:
+    if spec.scale == "log":
+        return math.exp(math.log(spec.low) + u * (math.log(spec.high) - math.log(spec.low)))
+    return spec.low + u * (spec.high - spec.low)
+
+
+def action_to_knobs(action) -> Knobs:
+    """Map an action in [-1, 1]^3 to knobs. Values outside [-1, 1] are clipped; NaN is refused."""
+    if len(action) != NUM_KNOBS:
+        raise ValueError(f"an action has {NUM_KNOBS} components, got {len(action)}")
+    raw = []
+    for spec, a in zip(KNOB_SPECS, action):
+        a = float(a)
+        if not math.isfinite(a):
+            raise ValueError(f"action component for {spec.name} is not finite: {a!r}")
+        u = (min(max(a, -1.0), 1.0) + 1.0) * 0.5
+        raw.append(_from_unit(spec, u))
+    return Knobs.clamped(*raw)
+
+
+def knobs_to_action(knobs: Knobs) -> tuple[float, float, float]:
+    """The action in [-1, 1]^3 that maps to these knobs (up to rounding)."""
+    return tuple(2.0 * _to_unit(s, v) - 1.0 for s, v in zip(KNOB_SPECS, knobs.as_tuple()))
