@@ -41,6 +41,10 @@ class BlockPool:
         del free[-n:]
         return ids
 
+    def allocate_one(self) -> int | None:
+        """One block, or None when none is free (the decode path: one token at a time)."""
+        return self._free.pop() if self._free else None
+
     def free(self, ids: list[int]) -> None:
         self._free.extend(ids)
 

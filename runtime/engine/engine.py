@@ -88,6 +88,7 @@ class Engine:
         self.memory = executor.memory
         self.block_size = self.memory.block_size
         self.knobs = knobs
+        self._max_batch_tokens = self._activation_limit(knobs)
         self.now = 0.0
         self.pool = BlockPool(self.memory.num_kv_blocks(knobs.kv_cache_ratio))
         self.executor.resize_kv(self.pool.num_blocks, {})
@@ -243,6 +244,11 @@ class Engine:
                 iv.violations += 1
 
     # ------------------------------------------------------------------ knobs
+    def _activation_limit(self, knobs: Knobs) -> int:
+        """The most tokens an iteration's activations fit in the workspace these knobs leave."""
+        m = self.memory
+        return (m.workspace_bytes(knobs.kv_cache_ratio) - m.act_fixed_bytes) // m.act_bytes_per_token
+
     def set_knobs(self, knobs: Knobs) -> float:
         """Apply new knobs now; returns the seconds the change cost (a pool resize stalls the
         engine). Lowering the ratio below the blocks in use preempts the newest requests."""
@@ -250,6 +256,7 @@ class Engine:
             return 0.0
         old = self.knobs
         self.knobs = knobs
+        self._max_batch_tokens = self._activation_limit(knobs)
         self._chunk_cap = None
         if knobs.kv_cache_ratio == old.kv_cache_ratio:
             return 0.0
@@ -327,52 +334,67 @@ class Engine:
         """One batch: a token for every decode, prefill chunks FCFS up to ``budget`` tokens.
         A decode that needs a block when none is free preempts the newest running request."""
         batch = Batch()
-        items = batch.items
+        decodes = batch.decodes
+        prefills = batch.prefills
         running = self.running
         pool = self.pool
         bs = self.block_size
+        ctx = pf_tokens = pairs = 0
         i = 0
         while i < len(running):
             r = running[i]
             computed = r.num_computed_tokens
-            if r.num_output_tokens and computed == r.num_tokens - 1:
+            out = r.num_output_tokens
+            todo = r.prompt_tokens + out - computed
+            if out and todo == 1:
                 # decode: one token; it may need a fresh block
-                if computed + 1 > len(r.block_ids) * bs:
-                    while pool.num_free == 0:
+                if computed >= len(r.block_ids) * bs:
+                    block = pool.allocate_one()
+                    while block is None:
                         victim = running.pop()
                         self._preempt(victim)
                         if victim is r:
                             break
-                    if r.status != Status.RUNNING:
+                        block = pool.allocate_one()
+                    if block is None:
                         continue  # r itself was preempted (it was the newest)
-                    r.block_ids.extend(pool.allocate(1))
-                items.append((r, 1))
-                batch.decode_seqs += 1
-                batch.decode_ctx_tokens += computed + 1
+                    r.block_ids.append(block)
+                decodes.append(r)
+                ctx += computed + 1
             elif budget > 0:
-                n = min(r.num_tokens - computed, budget)
+                n = todo if todo < budget else budget
                 budget -= n
-                items.append((r, n))
-                batch.prefill_tokens += n
-                batch.prefill_attn_pairs += n * computed + n * (n + 1) // 2
+                prefills.append((r, n))
+                pf_tokens += n
+                pairs += n * computed + n * (n + 1) // 2
             i += 1
+        batch.decode_ctx_tokens = ctx
+        batch.prefill_tokens = pf_tokens
+        batch.prefill_attn_pairs = pairs
         return batch
 
     def _apply(self, batch: Batch) -> None:
         """Advance the requests of an executed batch: computed tokens, sampling, completions."""
         any_done = False
-        for r, n in batch.items:
-            was_prefill = not (r.num_output_tokens and r.num_computed_tokens == r.num_tokens - 1)
+        for r in batch.decodes:
+            r.num_computed_tokens += 1
+            r.num_output_tokens += 1
+            if r.num_output_tokens == r.output_tokens:
+                self._finish(r)
+                any_done = True
+        for r, n in batch.prefills:
             r.num_computed_tokens += n
-            if r.num_computed_tokens == r.num_tokens:
+            num_tokens = r.prompt_tokens + r.num_output_tokens
+            if r.num_computed_tokens == num_tokens:
                 r.num_output_tokens += 1
-                if was_prefill:
-                    self._num_prefilling -= 1
+                self._num_prefilling -= 1
                 if r.first_token_s is None:
                     self._first_token(r)
                 if r.num_output_tokens == r.output_tokens:
                     self._finish(r)
                     any_done = True
+            elif r.num_output_tokens and r.num_computed_tokens == num_tokens - 1:
+                self._num_prefilling -= 1  # a recompute chunk one token short: now a decode
         if any_done:
             self.running = [r for r in self.running if r.status == Status.RUNNING]
 
@@ -409,7 +431,7 @@ class Engine:
         iv.iterations += 1
         iv.busy_s += result.duration_s
         iv.prefill_tokens += batch.prefill_tokens
-        iv.decode_tokens += batch.decode_seqs
+        iv.decode_tokens += len(batch.decodes)
         self._apply(batch)
         return True
 
@@ -422,7 +444,7 @@ class Engine:
         if cost is None or self._num_prefilling or not running:
             return False
         n = len(running)
-        if not self.memory.fits(n, self.knobs.kv_cache_ratio):
+        if n > self._max_batch_tokens:
             return False
         now = self.now
         wake = min(until, self._next_arrival_s())
@@ -562,8 +584,24 @@ class Engine:
         iv.kv_utilization = self.pool.utilization()
         iv.kv_fragmentation = self.pool.fragmentation()
         iv.kv_blocks = self.pool.num_blocks
+        iv.oldest_wait_ratio = self._oldest_wait_ratio()
         self._interval = IntervalStats(start_s=self.now)
         return iv
+
+    def _oldest_wait_ratio(self) -> float:
+        oldest: Request | None = None
+        for r in self.waiting:  # preempted requests (with a first token) sit at the front
+            if r.first_token_s is None:
+                oldest = r
+                break
+        if self._num_prefilling:
+            for r in self.running:
+                if r.first_token_s is None and (oldest is None or r.arrival_s < oldest.arrival_s):
+                    oldest = r
+                    break  # running is in admission order, so the first one is the oldest
+        if oldest is None:
+            return 0.0
+        return (self.now - oldest.arrival_s) / oldest.ttft_target_s
 
     def summary(self) -> RunSummary:
         return summarize(self.requests, self.now, self.num_preemptions, self.num_ooms,

@@ -64,25 +64,32 @@ class MemoryModel:
 
 @dataclass(slots=True)
 class Batch:
-    """One engine iteration: every scheduled request with the tokens it computes now.
+    """One engine iteration: the decoding requests (one token each) and the prefill chunks.
 
-    The aggregates are what a cost model needs; ``items`` is what a real executor needs.
+    The aggregates are what a cost model needs; the request lists are what a real executor needs
+    (a request's KV positions are ``num_computed_tokens .. num_computed_tokens + n - 1`` and its
+    block table is ``block_ids``, both as they stand before the iteration).
     """
 
-    items: list[tuple["Request", int]] = field(default_factory=list)
+    decodes: list["Request"] = field(default_factory=list)
+    prefills: list[tuple["Request", int]] = field(default_factory=list)
+    """(request, tokens computed now), first come first served"""
     prefill_tokens: int = 0
     prefill_attn_pairs: int = 0
     """sum over prefill chunks of (query, key) pairs: len*start + len*(len+1)/2"""
-    decode_seqs: int = 0
     decode_ctx_tokens: int = 0
     """sum over decoding sequences of the context they attend to, the new token included"""
 
     @property
+    def decode_seqs(self) -> int:
+        return len(self.decodes)
+
+    @property
     def num_tokens(self) -> int:
-        return self.prefill_tokens + self.decode_seqs
+        return self.prefill_tokens + len(self.decodes)
 
     def is_empty(self) -> bool:
-        return not self.items
+        return not (self.decodes or self.prefills)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,8 @@ class IntervalStats:
     kv_utilization: float = 0.0
     kv_fragmentation: float = 0.0
     kv_blocks: int = 0
+    oldest_wait_ratio: float = 0.0
+    """age of the oldest request still without a first token, over its TTFT target"""
 
     @property
     def duration_s(self) -> float:

@@ -40,7 +40,7 @@ class CostModel:
     def iteration_s(self, batch: Batch) -> float:
         return (self.const_s + self.prefill_token_s * batch.prefill_tokens
                 + self.prefill_attn_pair_s * batch.prefill_attn_pairs
-                + self.decode_seq_s * batch.decode_seqs
+                + self.decode_seq_s * len(batch.decodes)
                 + self.decode_ctx_token_s * batch.decode_ctx_tokens)
 
     def as_decode_cost(self) -> DecodeCost:

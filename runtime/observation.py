@@ -1,0 +1,212 @@
+"""The observation: one float32 vector built from engine stats over the last decision interval.
+
+Training (the Gymnasium environment) and production (the decider, embedded or over REST) build it
+with the same functions here, so a policy sees in production exactly what it saw in training.
+Each field has a name and a unit (the REST API takes the named fields in these units), a range the
+raw value is clipped to, and a transform into the vector:
+
+- ``log``: ``log1p(x) / log1p(high)``, in [0, 1] (counts and rates that span decades)
+- ``slog``: ``sign(x) log1p(|x|) / log1p(high)``, in [-1, 1] (signed changes)
+- ``linear``: ``(x - low) / (high - low)``, in [0, 1]
+- ``knob``: the knob's action coordinate (:func:`runtime.knobs.knobs_to_action`), in [-1, 1]
+
+The table (rendered from :data:`OBSERVATION_FIELDS`; see :func:`observation_table`) is the
+reference for every field; the spec version changes whenever the table or the knob spec does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.knobs import KNOB_SPECS, Knobs, action_to_knobs, knobs_to_action
+
+
+@dataclass(frozen=True, slots=True)
+class ObservationField:
+    name: str
+    unit: str
+    low: float
+    high: float
+    transform: str  # "log" | "slog" | "linear" | "knob"
+    doc: str
+
+    @property
+    def vector_bounds(self) -> tuple[float, float]:
+        return (-1.0, 1.0) if self.transform in ("slog", "knob") else (0.0, 1.0)
+
+
+OBSERVATION_FIELDS: tuple[ObservationField, ...] = (
+    ObservationField("arrival_rate_rps", "requests/s", 0.0, 5000.0, "log",
+                     "requests that arrived in the interval, per second"),
+    ObservationField("arrival_rate_change_rps", "requests/s", -5000.0, 5000.0, "slog",
+                     "arrival rate minus the previous interval's"),
+    ObservationField("prompt_tokens_mean", "tokens", 0.0, 65536.0, "log",
+                     "mean prompt length of the interval's arrivals"),
+    ObservationField("prompt_tokens_std", "tokens", 0.0, 65536.0, "log",
+                     "standard deviation of the interval's prompt lengths"),
+    ObservationField("waiting_requests", "requests", 0.0, 1e6, "log",
+                     "requests waiting for admission at the end of the interval"),
+    ObservationField("waiting_prompt_tokens", "tokens", 0.0, 1e8, "log",
+                     "tokens the waiting requests must prefill"),
+    ObservationField("running_requests", "requests", 0.0, 4096.0, "log",
+                     "requests holding KV blocks at the end of the interval"),
+    ObservationField("kv_utilization", "fraction", 0.0, 1.0, "linear",
+                     "share of the KV blocks in use"),
+    ObservationField("kv_fragmentation", "fraction", 0.0, 1.0, "linear",
+                     "1 - sum(free gap^2) / free^2: 0 when the free blocks are contiguous"),
+    ObservationField("preemptions", "count", 0.0, 1e5, "log",
+                     "requests preempted in the interval"),
+    ObservationField("ooms", "count", 0.0, 1e4, "log",
+                     "iterations that ran out of activation memory in the interval"),
+    ObservationField("ttft_p99_ratio", "ratio", 0.0, 1000.0, "log",
+                     "p99 TTFT of the interval's first tokens over their targets, or the oldest "
+                     "request still without a first token, if that is larger"),
+    ObservationField("tpot_p99_ratio", "ratio", 0.0, 1000.0, "log",
+                     "p99 TPOT of the interval's completions over their targets"),
+    ObservationField("slo_attainment", "fraction", 0.0, 1.0, "linear",
+                     "met / (met + certain violations) in the interval; 1 when none decided"),
+    ObservationField("ttft_p99_ratio_prev", "ratio", 0.0, 1000.0, "log",
+                     "ttft_p99_ratio of the previous interval"),
+    ObservationField("tpot_p99_ratio_prev", "ratio", 0.0, 1000.0, "log",
+                     "tpot_p99_ratio of the previous interval"),
+    ObservationField("kv_utilization_prev", "fraction", 0.0, 1.0, "linear",
+                     "kv_utilization at the end of the previous interval"),
+    *(ObservationField(k.name, k.unit, k.low, k.high, "knob", f"current knob: {k.doc}")
+      for k in KNOB_SPECS),
+)
+OBSERVATION_NAMES: tuple[str, ...] = tuple(f.name for f in OBSERVATION_FIELDS)
+OBSERVATION_INDEX: dict[str, int] = {n: i for i, n in enumerate(OBSERVATION_NAMES)}
+OBS_DIM = len(OBSERVATION_FIELDS)
+OBS_LOW = np.array([f.vector_bounds[0] for f in OBSERVATION_FIELDS], dtype=np.float32)
+OBS_HIGH = np.array([f.vector_bounds[1] for f in OBSERVATION_FIELDS], dtype=np.float32)
+
+
+def _spec_digest() -> str:
+    table = {
+        "knobs": [[k.name, k.unit, k.low, k.high, k.scale, k.step] for k in KNOB_SPECS],
+        "observation": [[f.name, f.unit, f.low, f.high, f.transform] for f in OBSERVATION_FIELDS],
+    }
+    return hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()[:12]
+
+
+SPEC_VERSION = f"batchpilot-spec/1+{_spec_digest()}"
+"""Written into every exported policy; the runtime refuses a policy whose spec differs."""
+
+
+def _transform(f: ObservationField, x: float) -> float:
+    x = min(max(x, f.low), f.high)
+    if f.transform == "log":
+        return math.log1p(x) / math.log1p(f.high)
+    if f.transform == "slog":
+        return math.copysign(math.log1p(abs(x)), x) / math.log1p(f.high)
+    return (x - f.low) / (f.high - f.low)
+
+
+def vector_from_fields(fields: Mapping[str, float]) -> np.ndarray:
+    """The observation vector from named raw values (all of :data:`OBSERVATION_NAMES`).
+
+    Raises ValueError naming the field that is missing, unknown or not finite.
+    """
+    unknown = set(fields) - set(OBSERVATION_INDEX)
+    if unknown:
+        raise ValueError(f"unknown observation field(s): {sorted(unknown)}")
+    out = np.empty(OBS_DIM, dtype=np.float32)
+    knob_values = []
+    for i, f in enumerate(OBSERVATION_FIELDS):
+        if f.name not in fields:
+            raise ValueError(f"observation field {f.name!r} is missing")
+        x = fields[f.name]
+        try:
+            x = float(x)
+        except (TypeError, ValueError):
+            raise ValueError(f"observation field {f.name!r} is not a number: {x!r}") from None
+        if not math.isfinite(x):
+            raise ValueError(f"observation field {f.name!r} is not finite: {x!r}")
+        if f.transform == "knob":
+            knob_values.append(min(max(x, f.low), f.high))
+        else:
+            out[i] = _transform(f, x)
+    knobs = Knobs.clamped(*knob_values)
+    out[-len(KNOB_SPECS):] = knobs_to_action(knobs)
+    return out
+
+
+def fields_from_vector(vector: np.ndarray) -> dict[str, float]:
+    """Named raw values back from a vector (inverse of the transforms, up to clipping)."""
+    vector = np.asarray(vector, dtype=np.float64)
+    if vector.shape != (OBS_DIM,):
+        raise ValueError(f"an observation has shape ({OBS_DIM},), got {vector.shape}")
+    out: dict[str, float] = {}
+    for f, v in zip(OBSERVATION_FIELDS, vector):
+        if f.transform == "log":
+            out[f.name] = math.expm1(v * math.log1p(f.high))
+        elif f.transform == "slog":
+            out[f.name] = math.copysign(math.expm1(abs(v) * math.log1p(f.high)), v)
+        elif f.transform == "linear":
+            out[f.name] = f.low + v * (f.high - f.low)
+    knobs = action_to_knobs(vector[-len(KNOB_SPECS):])
+    out.update(knobs.as_dict())
+    return out
+
+
+def observation_table() -> str:
+    """The observation table in markdown (for docs and the environment's docstring)."""
+    rows = ["| index | field | unit | raw range | transform | vector range | meaning |",
+            "|---|---|---|---|---|---|---|"]
+    for i, f in enumerate(OBSERVATION_FIELDS):
+        lo, hi = f.vector_bounds
+        rows.append(f"| {i} | `{f.name}` | {f.unit} | {f.low:g} .. {f.high:g} | {f.transform} "
+                    f"| {lo:g} .. {hi:g} | {f.doc} |")
+    return "\n".join(rows)
+
+
+class FeatureBuilder:
+    """Turns the engine's interval stats into observations, remembering what the next interval's
+    ``*_prev`` and ``*_change`` fields need. One per engine (or per environment)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._prev_rate = 0.0
+        self._prev_ttft = 0.0
+        self._prev_tpot = 0.0
+        self._prev_kv = 0.0
+
+    def fields(self, stats, knobs: Knobs) -> dict[str, float]:
+        """Named raw values from an :class:`runtime.engine.metrics.IntervalStats`."""
+        rate = stats.arrival_rate
+        ttft = max(stats.ttft_p99_ratio, stats.oldest_wait_ratio)
+        tpot = stats.tpot_p99_ratio
+        f = {
+            "arrival_rate_rps": rate,
+            "arrival_rate_change_rps": rate - self._prev_rate,
+            "prompt_tokens_mean": stats.prompt_mean,
+            "prompt_tokens_std": stats.prompt_std,
+            "waiting_requests": stats.waiting,
+            "waiting_prompt_tokens": stats.waiting_tokens,
+            "running_requests": stats.running,
+            "kv_utilization": stats.kv_utilization,
+            "kv_fragmentation": stats.kv_fragmentation,
+            "preemptions": stats.preemptions,
+            "ooms": stats.ooms,
+            "ttft_p99_ratio": ttft,
+            "tpot_p99_ratio": tpot,
+            "slo_attainment": stats.slo_attainment,
+            "ttft_p99_ratio_prev": self._prev_ttft,
+            "tpot_p99_ratio_prev": self._prev_tpot,
+            "kv_utilization_prev": self._prev_kv,
+            **knobs.as_dict(),
+        }
+        self._prev_rate, self._prev_ttft, self._prev_tpot = rate, ttft, tpot
+        self._prev_kv = stats.kv_utilization
+        return f
+
+    def observe(self, stats, knobs: Knobs) -> np.ndarray:
+        return vector_from_fields(self.fields(stats, knobs))
