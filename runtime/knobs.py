@@ -5,14 +5,14 @@ that turns such an action into knobs, and :func:`knobs_to_action` its inverse (u
 current knobs into the observation). The window and the chunk move on a log scale, the ratio
 linearly; the chunk is rounded to a multiple of the KV block size.
 
-===  ======================  =====  ==========  =====  =============================================
-idx  knob                    unit   range       scale  what it trades
-===  ======================  =====  ==========  =====  =============================================
-0    batch_window_ms         ms     5 .. 200    log    TTFT against prefill batching and decode stalls
-1    prefill_chunk_tokens    tok    64 .. 16384 log    TPOT (decode stalls) against TTFT, throughput
-2    kv_cache_ratio          1      0.40 .. 0.95 lin   concurrency, preemptions against activation
-                                                       room (OOM) and memory others could use
-===  ======================  =====  ==========  =====  =============================================
+===  ====================  ======  ============  ======  ==========================================
+idx  knob                  unit    range         scale   what it trades
+===  ====================  ======  ============  ======  ==========================================
+0    batch_window_ms       ms      5 .. 200      log     TTFT against prefill batching, stalls
+1    prefill_chunk_tokens  tokens  64 .. 16384   log     TPOT (decode stalls) against TTFT
+2    kv_cache_ratio        1       0.40 .. 0.95  linear  concurrency and preemptions against
+                                                         activation room (OOM), memory for others
+===  ====================  ======  ============  ======  ==========================================
 """
 
 from __future__ import annotations
@@ -61,15 +61,15 @@ class Knobs:
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{spec.name} must be a finite number, got {value!r}")
             if not spec.low - 1e-9 <= value <= spec.high + 1e-9:
-                raise ValueError(
-                    f"{spec.name}={value} is outside its range [{spec.low:g}, {spec.high:g}] {spec.unit}")
+                raise ValueError(f"{spec.name}={value} is outside its range "
+                                 f"[{spec.low:g}, {spec.high:g}] {spec.unit}")
         if self.prefill_chunk_tokens % BLOCK_SIZE_TOKENS:
             raise ValueError(f"prefill_chunk_tokens={self.prefill_chunk_tokens} is not a multiple "
                              f"of the KV block size ({BLOCK_SIZE_TOKENS} tokens)")
 
     @classmethod
     def clamped(cls, batch_window_ms: float, prefill_chunk_tokens: float,
-                kv_cache_ratio: float) -> "Knobs":
+                kv_cache_ratio: float) -> Knobs:
         """Knobs from any finite values: clamped to their ranges and rounded to their steps."""
         values = []
         for spec, v in zip(KNOB_SPECS, (batch_window_ms, prefill_chunk_tokens, kv_cache_ratio)):

@@ -1,6 +1,7 @@
 """Derive a roofline executor profile for a Llama-shaped model on a named accelerator.
 
-    python scripts/make_roofline_profile.py --out checkpoints/profiles/h200-llama2-7b-40gib-roofline.json
+    python scripts/make_roofline_profile.py \
+        --out checkpoints/profiles/h200-llama2-7b-40gib-roofline.json
 
 Every coefficient is a datasheet figure divided by an assumed efficiency; the assumptions are
 written into the file's ``derivation`` field next to the numbers they produce. Use a measured

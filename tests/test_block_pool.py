@@ -9,6 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from runtime.engine.block_pool import BlockPool
 
+
 class PoolMachine(RuleBasedStateMachine):
     """Owners allocate and free blocks in any order while the pool grows and shrinks."""
 
@@ -62,19 +63,23 @@ class PoolMachine(RuleBasedStateMachine):
         assert sorted(used + free) == list(range(self.pool.num_blocks)), "a block leaked"
         assert 0.0 <= self.pool.fragmentation() <= 1.0
 
+
 TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
 
 def test_lowest_free_ids_go_first_so_the_tail_stays_free():
     pool = BlockPool(8)
     assert sorted(pool.allocate(3)) == [0, 1, 2]
     assert pool.allocate_one() == 3
 
+
 def test_shrink_refuses_while_more_blocks_are_in_use():
     pool = BlockPool(8)
     pool.allocate(6)
     with pytest.raises(ValueError, match="cannot shrink to 4 blocks with 6 in use"):
         pool.shrink(4)
+
 
 def test_shrink_moves_used_blocks_below_the_cut():
     pool = BlockPool(8)

@@ -226,8 +226,8 @@ class Engine:
             r.violation_counted = True
             iv.violations += 1
         elif r.output_tokens >= 2:
-            heapq.heappush(self._deadlines, (r.first_token_s + r.tpot_target_s * (r.output_tokens - 1),
-                                             r.req_id, _FINISH, r))
+            deadline = r.first_token_s + r.tpot_target_s * (r.output_tokens - 1)
+            heapq.heappush(self._deadlines, (deadline, r.req_id, _FINISH, r))
 
     def _count_certain_violations(self) -> None:
         """Count requests whose miss is certain by now: no first token past the TTFT target, or
@@ -247,7 +247,8 @@ class Engine:
     def _activation_limit(self, knobs: Knobs) -> int:
         """The most tokens an iteration's activations fit in the workspace these knobs leave."""
         m = self.memory
-        return (m.workspace_bytes(knobs.kv_cache_ratio) - m.act_fixed_bytes) // m.act_bytes_per_token
+        workspace = m.workspace_bytes(knobs.kv_cache_ratio)
+        return (workspace - m.act_fixed_bytes) // m.act_bytes_per_token
 
     def set_knobs(self, knobs: Knobs) -> float:
         """Apply new knobs now; returns the seconds the change cost (a pool resize stalls the
@@ -550,7 +551,7 @@ class Engine:
             self.run_until(min(self.now + 60.0, max_time_s))
 
     def abort_all(self, reason: RejectReason = RejectReason.ABORTED) -> int:
-        """End every request still in flight (waiting, running or not yet arrived) with ``reason``."""
+        """End every request in flight (waiting, running or not yet arrived) with ``reason``."""
         n = 0
         for r in self.running:
             self.pool.free(r.block_ids)

@@ -71,8 +71,8 @@ class Batch:
     block table is ``block_ids``, both as they stand before the iteration).
     """
 
-    decodes: list["Request"] = field(default_factory=list)
-    prefills: list[tuple["Request", int]] = field(default_factory=list)
+    decodes: list[Request] = field(default_factory=list)
+    prefills: list[tuple[Request, int]] = field(default_factory=list)
     """(request, tokens computed now), first come first served"""
     prefill_tokens: int = 0
     prefill_attn_pairs: int = 0
@@ -116,7 +116,7 @@ class Executor(Protocol):
     memory: MemoryModel
 
     def execute(self, batch: Batch, kv_cache_ratio: float) -> IterationResult:
-        """Run one iteration. An out-of-memory failure returns ``oom=True`` with the time it cost."""
+        """Run one iteration. Running out of memory returns ``oom=True`` with the time it cost."""
         ...
 
     def resize_kv(self, num_blocks: int, moves: dict[int, int]) -> float:

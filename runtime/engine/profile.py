@@ -83,7 +83,7 @@ class Profile:
         Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], source: str = "<dict>") -> "Profile":
+    def from_json(cls, data: dict[str, Any], source: str = "<dict>") -> Profile:
         def need(obj: dict, key: str, where: str):
             if not isinstance(obj, dict) or key not in obj:
                 raise ValueError(f"{source}: missing field {where}{key}")
@@ -114,7 +114,7 @@ class Profile:
             raise ValueError(msg if msg.startswith(source) else f"{source}: {msg}") from None
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "Profile":
+    def load(cls, path: str | Path | None = None) -> Profile:
         """Load a profile file (the shipped roofline H200 profile when ``path`` is None)."""
         path = Path(path) if path is not None else DEFAULT_PROFILE_PATH
         try:

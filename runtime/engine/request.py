@@ -13,7 +13,7 @@ class Status(enum.IntEnum):
     REJECTED = 4
 
 
-class RejectReason(str, enum.Enum):
+class RejectReason(enum.StrEnum):
     EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"
     """prompt + output tokens exceed the engine's max_model_len"""
     EXCEEDS_KV_CAPACITY = "exceeds_kv_capacity"
@@ -84,6 +84,7 @@ class Request:
         return tpot is None or tpot <= self.tpot_target_s
 
     def __repr__(self) -> str:
-        return (f"Request(id={self.req_id}, status={self.status.name}, arrival={self.arrival_s:.3f}, "
-                f"prompt={self.prompt_tokens}, output={self.num_output_tokens}/{self.output_tokens}, "
+        return (f"Request(id={self.req_id}, status={self.status.name}, "
+                f"arrival={self.arrival_s:.3f}, prompt={self.prompt_tokens}, "
+                f"output={self.num_output_tokens}/{self.output_tokens}, "
                 f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})")

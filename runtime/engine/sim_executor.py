@@ -1,4 +1,4 @@
-"""The simulated executor: iteration times from a profile's cost model, OOM from its memory model."""
+"""The simulated executor: iteration times from a profile's cost model, OOMs from its memory."""
 
 from __future__ import annotations
 
