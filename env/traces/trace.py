@@ -50,7 +50,7 @@ class Trace:
         return (len(self) - 1) / d if d > 0 else 0.0
 
     def select(self, mask_or_index: np.ndarray, name: str | None = None,
-               source: str | None = None) -> "Trace":
+               source: str | None = None) -> Trace:
         """A trace of a subset of the requests (a boolean mask or sorted indices)."""
         return Trace(name=name or self.name, arrival_s=self.arrival_s[mask_or_index],
                      prompt_tokens=self.prompt_tokens[mask_or_index],

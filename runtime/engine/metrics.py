@@ -160,19 +160,29 @@ def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int,
 
 
 def burst_onsets(arrival_rate: Sequence[float], interval_s: float, *, factor: float = 3.0,
-                 baseline_s: float = 30.0, min_rate: float = 1.0) -> list[int]:
-    """Indices of intervals where a burst starts: the arrival rate exceeds ``factor`` times the
-    mean of the preceding ``baseline_s`` (and ``min_rate``), after at least one calm interval."""
+                 bin_s: float = 1.0, baseline_s: float = 60.0, min_requests: int = 10) -> list[int]:
+    """Indices of the intervals where a burst starts.
+
+    Arrivals are counted in ``bin_s`` bins (per-interval counts are too noisy); a burst starts in
+    a bin that holds at least ``min_requests`` and more than ``factor`` times the mean of the
+    preceding ``baseline_s``, and it lasts while bins stay above that mean. Returns the index of
+    the first interval of each starting bin.
+    """
     rates = np.asarray(arrival_rate, dtype=np.float64)
-    w = max(1, int(round(baseline_s / interval_s)))
+    per_bin = max(1, int(round(bin_s / interval_s)))
+    n_bins = len(rates) // per_bin
+    if n_bins < 2:
+        return []
+    counts = (rates[:n_bins * per_bin] * interval_s).reshape(n_bins, per_bin).sum(axis=1)
+    w = max(1, int(round(baseline_s / bin_s)))
     onsets: list[int] = []
     in_burst = False
-    for i in range(1, len(rates)):
-        base = rates[max(0, i - w):i].mean()
-        hot = rates[i] > max(factor * base, min_rate)
+    for i in range(1, n_bins):
+        base = counts[max(0, i - w):i].mean()
+        hot = counts[i] >= min_requests and counts[i] > factor * base
         if hot and not in_burst:
-            onsets.append(i)
-        in_burst = hot or (in_burst and rates[i] > max(base, min_rate))
+            onsets.append(i * per_bin)
+        in_burst = hot or (in_burst and counts[i] > base)
     return onsets
 
 

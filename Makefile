@@ -1,0 +1,36 @@
+# The two commands (see README.md): `make train` runs the main job, `make test` the tests.
+# Each creates the virtual environment it needs on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: train test replay evaluate serve bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch is pinned to the CPU build on disk; see pyproject.toml
+	$(PY) -m pip install --quiet -e ".[train,dev]"
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(PY) scripts/replay.py --trace synthetic
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+replay: $(STAMP)
+	$(PY) scripts/replay.py --trace synthetic
+
+evaluate: $(STAMP)
+	$(PY) -m agents.evaluate --trace azure-conv,azure-code --split eval
+
+serve: $(STAMP)
+	$(PY) -m runtime.server
+
+lint: $(STAMP)
+	$(PY) -m ruff check runtime env agents scripts tests train.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,109 @@
+"""Best static: the knobs an offline tuner would pick, by grid search on the training windows.
+
+The search replays the trace's training split at each tuning rate scale with every knob setting
+of :data:`GRID` held fixed, and keeps the setting with the highest mean SLO attainment (ties go
+to the one reserving less memory). The result is cached in ``checkpoints/best_static/`` under a
+key of everything it depends on (trace, split, scales, profile, SLO classes, grid), so it is
+computed once per configuration and shipped with the repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+from env.replay import replay
+from env.traces import rate_scale, split
+from env.traces.resolve import resolve_trace, trace_label
+from runtime.decider.controller import StaticController
+from runtime.engine.engine import EngineConfig
+from runtime.engine.profile import Profile
+from runtime.knobs import Knobs
+
+CACHE_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "best_static"
+GRID: dict[str, tuple] = {
+    "batch_window_ms": (5.0, 20.0, 60.0),
+    "prefill_chunk_tokens": (256, 512, 1024, 2048, 4096, 8192),
+    "kv_cache_ratio": (0.5, 0.7, 0.8, 0.9, 0.95),
+}
+
+
+def _score(args: tuple) -> tuple[tuple, list[float]]:
+    trace_spec, part, scales, knobs_t, profile_path, config = args
+    trace = split(resolve_trace(trace_spec), part)
+    profile = Profile.load(profile_path)
+    atts = []
+    for s in scales:
+        t = rate_scale(trace, s) if s != 1.0 else trace
+        atts.append(replay(t, Knobs(*knobs_t), profile=profile, config=config)
+                    .summary.slo_attainment)
+    return knobs_t, atts
+
+
+def cache_key(trace_spec: str, part: str, scales: Sequence[float], profile: Profile,
+              config: EngineConfig, grid: dict[str, tuple]) -> str:
+    desc = {"trace": trace_label(trace_spec), "split": part, "scales": list(scales),
+            "profile": profile.to_json(),
+            "slo": {k: asdict(v) for k, v in config.slo_classes.items()},
+            "default_slo_class": config.default_slo_class, "grid": grid}
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def grid_search(trace_spec: str, *, part: str = "train", scales: Sequence[float] = (1, 2, 4, 8),
+                profile_path: str | Path | None = None, config: EngineConfig | None = None,
+                grid: dict[str, tuple] | None = None, workers: int = 2,
+                progress: bool = True) -> dict:
+    """Score every knob setting of ``grid``; returns the best knobs and the whole table."""
+    grid = grid or GRID
+    config = config or EngineConfig()
+    profile_path = str(profile_path) if profile_path else None
+    combos = list(itertools.product(*grid.values()))
+    jobs = [(trace_spec, part, tuple(scales), c, profile_path, config) for c in combos]
+    t0 = time.perf_counter()
+    results = []
+    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
+        for i, (knobs_t, atts) in enumerate(pool.map(_score, jobs), 1):
+            results.append({"knobs": list(knobs_t), "attainment": atts,
+                            "mean_attainment": sum(atts) / len(atts)})
+            if progress:
+                print(f"\rbest-static grid search on {trace_label(trace_spec)}: {i}/{len(jobs)} "
+                      f"settings ({time.perf_counter() - t0:.0f} s)", end="", flush=True)
+    if progress:
+        print()
+    best = max(results, key=lambda r: (round(r["mean_attainment"], 6), -r["knobs"][2]))
+    return {"best": best["knobs"], "best_mean_attainment": best["mean_attainment"],
+            "trace": trace_label(trace_spec), "split": part, "scales": list(scales),
+            "grid": {k: list(v) for k, v in grid.items()}, "table": results,
+            "seconds": time.perf_counter() - t0}
+
+
+def best_static_knobs(trace_spec: str, *, part: str = "train",
+                      scales: Sequence[float] = (1, 2, 4, 8),
+                      profile_path: str | Path | None = None, config: EngineConfig | None = None,
+                      grid: dict[str, tuple] | None = None, cache_dir: Path = CACHE_DIR,
+                      workers: int = 2, progress: bool = True) -> Knobs:
+    """The best static knobs for a trace, from the cache or a fresh grid search."""
+    config = config or EngineConfig()
+    grid = grid or GRID
+    profile = Profile.load(profile_path)
+    key = cache_key(trace_spec, part, scales, profile, config, grid)
+    path = Path(cache_dir) / f"{trace_label(trace_spec)}-{key}.json"
+    if path.exists():
+        return Knobs(*json.loads(path.read_text())["best"])
+    result = grid_search(trace_spec, part=part, scales=scales, profile_path=profile_path,
+                         config=config, grid=grid, workers=workers, progress=progress)
+    result["key"] = key
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    return Knobs(*result["best"])
+
+
+class BestStaticController(StaticController):
+    def __init__(self, knobs: Knobs) -> None:
+        super().__init__(knobs, name="best-static")

@@ -1,0 +1,197 @@
+"""The Gymnasium environment: retune the three batching knobs of a serving engine every interval."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from env.session import RewardWeights, ServingSession
+from env.traces import rate_scale, time_window
+from env.traces import split as split_trace
+from env.traces.resolve import resolve_trace
+from env.traces.trace import Trace
+from runtime.engine.engine import EngineConfig
+from runtime.engine.profile import Profile
+from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, NUM_KNOBS, action_to_knobs
+from runtime.observation import OBS_DIM, OBS_HIGH, OBS_LOW, observation_table
+
+DEFAULT_INTERVAL_S = 0.25
+"""Decision interval. Bursts in the Azure code trace build in well under a second (its 1-s peaks
+are 28x the mean rate), so a controller deciding once a second reacts after the damage is done;
+at 0.25 s it acts within the burst while an interval still holds several iterations of the
+engine (5-50 ms each) and enough arrivals at loads of interest for rates and percentiles to
+mean something."""
+
+
+class ServingEnv(gym.Env):
+    __doc__ = f"""
+    ## Description
+    An LLM serving engine (continuous batching, chunked prefill, paged KV cache) replays a
+    window of a real or synthetic request trace. Every decision interval the agent sets the
+    engine's three batching knobs; the engine then runs for one interval of simulated time (or
+    real time with the torch executor) and the agent observes what happened.
+
+    ## Action Space
+    ``Box(-1, 1, (3,), float32)``, mapped to knobs by :func:`runtime.knobs.action_to_knobs`
+    (the window and the chunk on a log scale, the ratio linearly; the chunk rounded to 16):
+
+    | index | knob | range |
+    |---|---|---|
+    | 0 | `batch_window_ms` | 5 .. 200 ms: how long new arrivals wait before admission |
+    | 1 | `prefill_chunk_tokens` | 64 .. 16384 tokens: prefill tokens per engine iteration |
+    | 2 | `kv_cache_ratio` | 0.40 .. 0.95: share of free memory reserved for KV blocks |
+
+    ## Observation Space
+    ``Box(low, high, ({OBS_DIM},), float32)`` built by :class:`runtime.observation.FeatureBuilder`
+    from the last interval's engine stats (the decider builds it the same way in production):
+
+{observation_table()}
+
+    ## Rewards
+    Per interval (see :class:`env.session.RewardWeights`):
+    ``(met - violation_weight * violations) / expected_requests_per_interval
+    - memory_price * kv_cache_ratio - oom_penalty * ooms``, where ``met`` counts completions within
+    their SLO and ``violations`` the requests whose miss became certain in the interval (a waiting
+    request that passes its TTFT target counts then).
+
+    ## Starting State
+    A window of ``episode_s`` simulated seconds is drawn from the trace split (its start uniform
+    over the split) and compressed by a rate scale drawn log-uniformly from
+    ``rate_scale_range``; both come from ``self.np_random`` only. The engine starts with the
+    static default knobs (window 5 ms, chunk 2048, ratio 0.9) and runs one interval before the
+    first observation. ``options={{"start_s": s, "rate_scale": x}}`` fixes the window.
+
+    ## Episode End
+    - Truncation: the window's last request has arrived and its interval is over (requests
+      still in flight are then aborted, and not counted as SLO outcomes).
+    - Termination: never (serving has no terminal state).
+
+    ## Arguments
+    - ``trace``: ``"synthetic"`` (default, the embedded trace), ``"azure-conv"``,
+      ``"azure-code"``, a trace file path, or a :class:`env.traces.Trace`
+    - ``split``: ``"train"`` (first 40 minutes, default), ``"eval"`` (the rest) or ``"all"``
+    - ``episode_s``: window length in simulated seconds after rate scaling (default 120)
+    - ``rate_scale_range``: (low, high) of the rate scale (default (0.5, 4))
+    - ``interval_s``: decision interval, default {DEFAULT_INTERVAL_S} s (why: see
+      :data:`DEFAULT_INTERVAL_S`)
+    - ``executor``: ``"sim"`` (the simulated executor, default) or ``"torch"`` (a real model)
+    - ``profile``: executor profile path for ``"sim"`` (default: roofline H200 Llama-2-7B)
+    - ``violation_weight``, ``memory_price``, ``oom_penalty``: reward weights
+    - ``engine_config``: an :class:`runtime.engine.engine.EngineConfig` (limits, SLO classes)
+    - ``render_mode``: ``None`` or ``"ansi"``
+    """
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(self, trace: str | Trace = "synthetic", *, split: str = "train",
+                 episode_s: float = 120.0, rate_scale_range: tuple[float, float] = (0.5, 4.0),
+                 interval_s: float = DEFAULT_INTERVAL_S, executor: str = "sim",
+                 profile: str | None = None, violation_weight: float = 1.0,
+                 memory_price: float = 0.05, oom_penalty: float = 0.5,
+                 engine_config: EngineConfig | None = None, trace_seed: int = 0,
+                 render_mode: str | None = None) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        lo, hi = rate_scale_range
+        if not 0 < lo <= hi:
+            raise ValueError(f"rate_scale_range must satisfy 0 < low <= high, got {lo}, {hi}")
+        if not episode_s > interval_s > 0:
+            raise ValueError(f"need episode_s > interval_s > 0, got {episode_s}, {interval_s}")
+        if executor not in ("sim", "torch"):
+            raise ValueError(f"executor must be 'sim' or 'torch', got {executor!r}")
+        self.render_mode = render_mode
+        full = trace if isinstance(trace, Trace) else resolve_trace(trace, seed=trace_seed)
+        self.trace = split_trace(full, split)
+        if len(self.trace) < 2:
+            raise ValueError(f"trace {self.trace.name!r} ({split}) has {len(self.trace)} "
+                             "requests; an episode needs at least 2")
+        self.episode_s = episode_s
+        self.rate_scale_range = (float(lo), float(hi))
+        self.interval_s = interval_s
+        self.executor_kind = executor
+        self.profile = Profile.load(profile) if executor == "sim" else None
+        self.engine_config = engine_config
+        self.weights = RewardWeights(violation_weight, memory_price, oom_penalty)
+        self.action_space = spaces.Box(-1.0, 1.0, shape=(NUM_KNOBS,), dtype=np.float32)
+        self.observation_space = spaces.Box(OBS_LOW, OBS_HIGH, dtype=np.float32)
+        self.session: ServingSession | None = None
+        self.rate_scale = 1.0
+        self.start_s = 0.0
+        self._last: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ episode
+    def _window(self, start_s: float, scale: float) -> Trace:
+        span = self.episode_s * scale  # trace seconds that become episode_s after scaling
+        window = time_window(self.trace, start_s, start_s + span)
+        return rate_scale(window, scale) if scale != 1.0 else window
+
+    def _executor(self):
+        if self.executor_kind == "sim":
+            return None  # ServingSession builds a simulated one from the profile
+        from runtime.engine.torch_executor import TorchExecutor  # torch only when asked for
+
+        return TorchExecutor.tiny()
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        lo, hi = self.rate_scale_range
+        scale = float(options.get("rate_scale",
+                                  math.exp(self.np_random.uniform(math.log(lo), math.log(hi)))))
+        span = self.episode_s * scale
+        t0, t1 = float(self.trace.arrival_s[0]), float(self.trace.arrival_s[-1])
+        latest = max(t0, t1 - span)
+        start = float(options.get("start_s", self.np_random.uniform(t0, latest)))
+        window = self._window(start, scale)
+        while len(window) < 2:  # an empty stretch of a bursty trace: draw again
+            start = float(self.np_random.uniform(t0, latest))
+            window = self._window(start, scale)
+        self.rate_scale, self.start_s = scale, start
+        self.session = ServingSession(window, interval_s=self.interval_s, profile=self.profile,
+                                      config=self.engine_config, knobs=DEFAULT_KNOBS,
+                                      weights=self.weights, executor=self._executor())
+        result = self.session.step(DEFAULT_KNOBS)
+        info = self._info(result)
+        return result.observation, info
+
+    def step(self, action):
+        if self.session is None:
+            raise RuntimeError("call reset() before step()")
+        knobs = action_to_knobs(np.asarray(action, dtype=np.float64).reshape(-1))
+        result = self.session.step(knobs)
+        truncated = self.session.window_over
+        info = self._info(result)
+        if truncated:
+            info["aborted_requests"] = self.session.abort()
+            info["episode_summary"] = self.session.engine.summary().as_dict()
+        return result.observation, float(result.reward), False, truncated, info
+
+    def _info(self, result) -> dict[str, Any]:
+        s = result.stats
+        info = {
+            "time_s": s.end_s, "rate_scale": self.rate_scale, "window_start_s": self.start_s,
+            "slo_attainment": s.slo_attainment, "met": s.met, "violations": s.violations,
+            "finished": s.finished, "arrivals": s.arrivals,
+            "goodput_rps": s.met / s.duration_s if s.duration_s > 0 else 0.0,
+            "ttft_p99_ratio": s.ttft_p99_ratio, "tpot_p99_ratio": s.tpot_p99_ratio,
+            "preemptions": s.preemptions, "ooms": s.ooms, "waiting": s.waiting,
+            "running": s.running, "kv_utilization": s.kv_utilization,
+            **{k.name: v for k, v in zip(KNOB_SPECS, result.knobs.as_tuple())},
+            "reward_terms": result.reward_terms,
+        }
+        self._last = info
+        return info
+
+    def render(self):
+        if self.render_mode != "ansi" or not self._last:
+            return None
+        i = self._last
+        return (f"t={i['time_s']:8.2f}s x{i['rate_scale']:.2f} | window {i['batch_window_ms']:5.0f}"
+                f" ms chunk {i['prefill_chunk_tokens']:5d} kv {i['kv_cache_ratio']:.2f} | "
+                f"wait {i['waiting']:4d} run {i['running']:3d} kv-used {i['kv_utilization']:.2f}"
+                f" | SLO {i['slo_attainment']:.2f} pre {i['preemptions']} oom {i['ooms']}")
+

@@ -1,0 +1,120 @@
+"""One replay of a trace window through the engine, one decision interval at a time.
+
+The Gymnasium environment and the evaluation harness both drive this, so a controller is judged
+on exactly the data path a policy is trained on: engine -> interval stats -> features -> knobs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from env.traces.trace import Trace
+from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.executor import Executor
+from runtime.engine.metrics import IntervalStats
+from runtime.engine.profile import Profile
+from runtime.engine.sim_executor import SimulatedExecutor
+from runtime.knobs import DEFAULT_KNOBS, Knobs
+from runtime.observation import FeatureBuilder
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """The reward of one interval is
+
+        (met - violation_weight * violations) / expected_requests_per_interval
+        - memory_price * kv_cache_ratio - oom_penalty * ooms
+
+    ``met`` counts requests that finished within their SLO in the interval; ``violations`` counts
+    requests whose miss became certain in it (a waiting request past its TTFT target counts then,
+    not at its completion; rejected requests count when rejected). Dividing by the episode's mean
+    arrivals per interval makes a perfect interval worth about 1 at any load.
+    """
+
+    violation_weight: float = 1.0
+    """cost of one SLO violation relative to the value of one SLO-meeting completion"""
+    memory_price: float = 0.05
+    """price per interval of holding the whole free memory as KV cache (0 for a dedicated
+    accelerator; positive when co-located models, adapters or a prefix cache could use it)"""
+    oom_penalty: float = 0.5
+    """penalty per out-of-memory iteration, on top of the time it cost"""
+
+    def __post_init__(self) -> None:
+        for name in ("violation_weight", "memory_price", "oom_penalty"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"reward weight {name} must be a finite number >= 0, got {v}")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: np.ndarray
+    reward: float
+    stats: IntervalStats
+    knobs: Knobs
+    reward_terms: dict[str, float]
+
+
+class ServingSession:
+    """:param trace: the requests of the window, arrivals from 0
+    :param interval_s: the decision interval (simulated seconds)
+    :param profile: executor profile for the simulated executor (default: the shipped roofline)
+    :param config: engine limits and SLO classes
+    :param knobs: the knobs the engine starts with
+    :param weights: reward weights
+    :param executor: a ready executor (the torch one); default a simulated one from ``profile``
+    """
+
+    def __init__(self, trace: Trace, *, interval_s: float = 0.25, profile: Profile | None = None,
+                 config: EngineConfig | None = None, knobs: Knobs = DEFAULT_KNOBS,
+                 weights: RewardWeights | None = None, executor: Executor | None = None) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self.trace = trace
+        self.interval_s = interval_s
+        self.weights = weights if weights is not None else RewardWeights()
+        self.engine = Engine(executor if executor is not None else SimulatedExecutor(profile),
+                             knobs, config)
+        self.engine.add_requests(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                                 trace.slo_class)
+        self.features = FeatureBuilder()
+        self.end_s = float(trace.arrival_s[-1]) if len(trace) else 0.0
+        rate = len(trace) / max(self.end_s, interval_s)
+        self.requests_per_interval = max(1.0, rate * interval_s)
+        self.num_steps = 0
+
+    @property
+    def now(self) -> float:
+        return self.engine.now
+
+    @property
+    def window_over(self) -> bool:
+        """Every request of the window has arrived and the interval that saw the last is done."""
+        return self.engine.now >= self.end_s
+
+    def step(self, knobs: Knobs) -> StepResult:
+        """Apply ``knobs``, run one decision interval, and observe it."""
+        engine = self.engine
+        engine.set_knobs(knobs)
+        engine.run_until(engine.now + self.interval_s)
+        stats = engine.collect_interval()
+        obs = self.features.observe(stats, engine.knobs)
+        w = self.weights
+        served = (stats.met - w.violation_weight * stats.violations) / self.requests_per_interval
+        memory = w.memory_price * engine.knobs.kv_cache_ratio
+        oom = w.oom_penalty * stats.ooms
+        self.num_steps += 1
+        return StepResult(obs, served - memory - oom, stats, engine.knobs,
+                          {"served": served, "memory": -memory, "oom": -oom})
+
+    @property
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def abort(self) -> int:
+        """End the replay here: requests still in flight are aborted (with that reason, never
+        counted as SLO outcomes). Returns how many."""
+        return self.engine.abort_all()

@@ -1,0 +1,36 @@
+"""One way every command names a trace: ``synthetic``, ``azure-conv``, ``azure-code`` or a path."""
+
+from __future__ import annotations
+
+from env.traces.load import load_trace
+from env.traces.locations import azure_trace_path
+from env.traces.synthetic import default_trace
+from env.traces.trace import Trace
+
+TRACE_ALIASES = {
+    "synthetic": "the embedded default (a synthetic stand-in for the Azure conversation trace)",
+    "azure-conv": "the Azure LLM inference 2023 conversation trace (../shared/traces)",
+    "azure-code": "the Azure LLM inference 2023 code trace (../shared/traces)",
+}
+
+
+def resolve_trace(spec: str, *, seed: int = 0) -> Trace:
+    """The trace a command-line argument names.
+
+    :param spec: an alias of :data:`TRACE_ALIASES` or a path to a trace file of any format
+    :param seed: the seed of the synthetic trace
+    """
+    if spec == "synthetic":
+        return default_trace(seed=seed)
+    if spec in ("azure-conv", "azure-code"):
+        return load_trace(azure_trace_path(spec.split("-", 1)[1]))
+    return load_trace(spec)
+
+
+def trace_label(spec: str) -> str:
+    """A short name for tables: the alias, or the file name without its extension."""
+    if spec in TRACE_ALIASES:
+        return spec
+    from pathlib import Path
+
+    return Path(spec).stem

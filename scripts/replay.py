@@ -1,0 +1,98 @@
+"""Replay a request trace through the serving engine with fixed knobs and report SLO attainment.
+
+    python scripts/replay.py --trace synthetic
+    python scripts/replay.py --trace azure-conv --rate-scale 2 --window-ms 10 --chunk 2048 \\
+        --kv-ratio 0.9 --json
+
+``--trace`` takes ``synthetic`` (the embedded default), ``azure-conv``, ``azure-code`` (read
+from ../shared/traces or $BATCHPILOT_TRACES_DIR) or the path of a trace file (Azure CSV,
+Mooncake JSONL, BurstGPT CSV or a plain ``arrival_s,prompt_tokens,output_tokens`` CSV).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from env.replay import replay
+from env.traces import rate_scale, split
+from env.traces.resolve import TRACE_ALIASES, resolve_trace
+from runtime.engine.engine import EngineConfig
+from runtime.engine.profile import DEFAULT_PROFILE_PATH, Profile
+from runtime.engine.slo import DEFAULT_SLO_CLASSES, parse_slo_classes
+from runtime.knobs import DEFAULT_KNOBS, Knobs
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(f"  {k}: {v}" for k, v in TRACE_ALIASES.items()))
+    ap.add_argument("--trace", default="synthetic",
+                    help="synthetic | azure-conv | azure-code | PATH (default: synthetic)")
+    ap.add_argument("--split", choices=("train", "eval", "all"), default="all",
+                    help="the first 40 minutes (train), the rest (eval), or all (default)")
+    ap.add_argument("--rate-scale", type=float, default=1.0,
+                    help="compress time by this factor (2 = twice the request rate)")
+    ap.add_argument("--window-ms", type=float, default=DEFAULT_KNOBS.batch_window_ms)
+    ap.add_argument("--chunk", type=int, default=DEFAULT_KNOBS.prefill_chunk_tokens)
+    ap.add_argument("--kv-ratio", type=float, default=DEFAULT_KNOBS.kv_cache_ratio)
+    ap.add_argument("--profile", default=str(DEFAULT_PROFILE_PATH),
+                    help="executor profile (default: the roofline H200 Llama-2-7B profile)")
+    ap.add_argument("--slo", default=None,
+                    help="SLO classes as name:ttft_s:tpot_s,... (default: "
+                         + ",".join(f"{k}:{v.ttft_s:g}:{v.tpot_s:g}"
+                                    for k, v in DEFAULT_SLO_CLASSES.items()) + ")")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace")
+    ap.add_argument("--step-by-step", action="store_true",
+                    help="no closed-form decode stretches (the reference path, slower)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        knobs = Knobs(args.window_ms, args.chunk, args.kv_ratio)
+        trace = split(resolve_trace(args.trace, seed=args.seed), args.split)
+        if args.rate_scale != 1.0:
+            trace = rate_scale(trace, args.rate_scale)
+        config = EngineConfig(fast_path=not args.step_by_step)
+        if args.slo:
+            config.slo_classes = parse_slo_classes(args.slo)
+            config.default_slo_class = next(iter(config.slo_classes))
+        profile = Profile.load(args.profile)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"replay: {e}", file=sys.stderr)
+        return 2
+    result = replay(trace, knobs, profile=profile, config=config)
+    out = {"trace": args.trace, "split": args.split, "rate_scale": args.rate_scale,
+           "knobs": knobs.as_dict(), "profile": profile.name, **result.as_dict()}
+    if trace.skipped:
+        out["skipped_rows"] = trace.skipped
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"trace {args.trace} ({args.split}, rate x{args.rate_scale:g}), "
+          f"{len(trace)} requests over {trace.duration_s:.0f} s; profile {profile.name}")
+    print(f"knobs: window {knobs.batch_window_ms:g} ms, chunk {knobs.prefill_chunk_tokens} "
+          f"tokens, KV ratio {knobs.kv_cache_ratio:g}")
+    rows = [("SLO attainment", f"{out['slo_attainment']:.2%}"),
+            ("goodput", f"{out['goodput_rps']:.2f} req/s"),
+            ("finished / rejected", f"{out['finished']} / {out['rejected']}"),
+            ("TTFT p50 / p99", f"{out['ttft_p50_s']:.3f} s / {out['ttft_p99_s']:.3f} s"),
+            ("TPOT p50 / p99", f"{out['tpot_p50_s'] * 1e3:.1f} ms / "
+                               f"{out['tpot_p99_s'] * 1e3:.1f} ms"),
+            ("preemptions / OOMs", f"{out['preemptions']} / {out['ooms']}"),
+            ("simulated / wall", f"{out['sim_seconds']:.0f} s / {out['wall_seconds']:.2f} s "
+                                 f"({out['speedup']:.0f}x)")]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+    if trace.skipped:
+        print(f"  skipped rows: {trace.skipped}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The Gymnasium environment: registered, checkable, seeded, and wired to the one data path."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import env  # noqa: F401  (registers batchpilot/Serving-v0)
+from env.serving_env import ServingEnv
+from env.traces import poisson
+from runtime.knobs import DEFAULT_KNOBS, action_to_knobs, knobs_to_action
+from runtime.observation import OBS_DIM
+
+
+def small_env(**kw) -> ServingEnv:
+    kw.setdefault("episode_s", 20.0)
+    return ServingEnv(**kw)
+
+
+def rollout(e: ServingEnv, seed: int, actions: np.ndarray) -> tuple[list, list, dict]:
+    obs, info = e.reset(seed=seed)
+    observations, rewards = [obs], []
+    for a in actions:
+        obs, r, term, trunc, info = e.step(a)
+        observations.append(obs)
+        rewards.append(r)
+        if term or trunc:
+            break
+    return observations, rewards, info
+
+
+def test_registered_under_a_versioned_id_and_made_by_name():
+    assert env.ENV_ID == "batchpilot/Serving-v0"
+    assert gym.spec(env.ENV_ID).entry_point == "env.serving_env:ServingEnv"
+    e = gym.make(env.ENV_ID, episode_s=10.0)
+    assert e.observation_space.shape == (OBS_DIM,)
+    assert e.action_space.shape == (3,)
+    e.close()
+
+
+def test_passes_gymnasium_env_checker():
+    check_env(gym.make(env.ENV_ID, episode_s=20.0).unwrapped)
+
+
+def test_two_resets_with_one_seed_give_identical_episodes():
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-1, 1, (200, 3)).astype(np.float32)
+    a = rollout(small_env(), 123, actions)
+    b = rollout(small_env(), 123, actions)
+    c = rollout(small_env(), 124, actions)
+    assert len(a[0]) == len(b[0])
+    for x, y in zip(a[0], b[0]):
+        np.testing.assert_array_equal(x, y)
+    assert a[1] == b[1]
+    assert a[2]["window_start_s"] != c[2]["window_start_s"]
+
+
+def test_episode_ends_by_truncation_when_the_window_has_played():
+    e = small_env(episode_s=5.0)
+    e.reset(seed=0)
+    for _ in range(1000):
+        _, _, term, trunc, info = e.step(np.zeros(3, np.float32))
+        assert not term
+        if trunc:
+            break
+    assert trunc
+    s = info["episode_summary"]
+    # nothing lost: every request of the window is finished, rejected or aborted
+    assert s["finished"] + sum(s["rejected_by_reason"].values()) == s["requests"]
+    assert info["time_s"] >= 5.0 - e.interval_s
+
+
+def test_options_fix_the_window_and_the_rate_scale():
+    e = small_env()
+    _, info = e.reset(seed=0, options={"start_s": 100.0, "rate_scale": 2.0})
+    assert info["rate_scale"] == 2.0 and info["window_start_s"] == 100.0
+
+
+def test_actions_map_to_knobs_by_the_shared_spec():
+    e = small_env()
+    e.reset(seed=0)
+    a = np.array([0.3, -0.2, 0.5], np.float32)
+    _, _, _, _, info = e.step(a)
+    k = action_to_knobs(a)
+    assert (info["batch_window_ms"], info["prefill_chunk_tokens"], info["kv_cache_ratio"]) == \
+        k.as_tuple()
+    np.testing.assert_allclose(knobs_to_action(DEFAULT_KNOBS)[2], 2 * (0.9 - 0.4) / 0.55 - 1)
+
+
+def test_reward_counts_violations_and_prices_memory():
+    # An overloaded window: violations make the served term negative; the memory term is
+    # exactly -price * ratio.
+    trace = poisson(40.0, 60.0, seed=1)
+    e = ServingEnv(trace, split="all", episode_s=30.0, rate_scale_range=(4.0, 4.0),
+                   memory_price=0.2)
+    e.reset(seed=0)
+    terms = []
+    for _ in range(100):
+        _, r, _, trunc, info = e.step(np.array([-1, 0, 1], np.float32))
+        terms.append(info["reward_terms"])
+        assert r == pytest.approx(sum(info["reward_terms"].values()))
+        if trunc:
+            break
+    assert all(t["memory"] == pytest.approx(-0.2 * 0.95) for t in terms)
+    assert min(t["served"] for t in terms) < 0
+
+
+def test_render_ansi_shows_the_knobs_and_the_queue():
+    e = small_env(render_mode="ansi")
+    e.reset(seed=0)
+    e.step(np.zeros(3, np.float32))
+    text = e.render()
+    assert "chunk" in text and "wait" in text and "SLO" in text
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"rate_scale_range": (0.0, 1.0)}, "rate_scale_range"),
+    ({"episode_s": 0.1}, "episode_s > interval_s"),
+    ({"executor": "gpu"}, "executor must be 'sim' or 'torch'"),
+    ({"render_mode": "human"}, "render_mode must be None or 'ansi'"),
+])
+def test_bad_arguments_are_refused_by_name(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        small_env(**kwargs)
+
+
+def test_bad_reward_weight_is_refused():
+    with pytest.raises(ValueError, match="reward weight memory_price must be a finite number"):
+        small_env(memory_price=-1.0)
