@@ -42,7 +42,8 @@ def test_mooncake_is_detected_whatever_the_extension(tmp_path):
 
 def test_header_missing_a_column_reaches_its_reader_which_names_it(tmp_path):
     path = write(tmp_path, "p.csv", "arrival_s,prompt_tokens\n0,3\n")
-    message = "p.csv, line 1, column output_tokens: missing from the header 'arrival_s,prompt_tokens'"
+    message = ("p.csv, line 1, column output_tokens: missing from the header "
+               "'arrival_s,prompt_tokens'")
     with pytest.raises(TraceFormatError, match=f"^{re.escape(message)}$"):
         load_trace(path)
 

@@ -53,6 +53,21 @@ def test_azure_accepts_trailing_newlines_and_spaces_around_fields(tmp_path):
     assert trace.prompt_tokens.tolist() == [374]
 
 
+def test_azure_reads_windows_line_endings(tmp_path):
+    text = AZURE.replace("\n", "\r\n") + "\r\n"
+    trace = read_azure(write(tmp_path, "conv.csv", text))
+    assert trace.output_tokens.tolist() == [44, 109, 55]
+
+
+def test_quoted_and_unquoted_files_read_alike(tmp_path):
+    quoted = "\n".join(",".join(f'"{field}"' for field in line.split(","))
+                       for line in AZURE.splitlines())
+    one = read_azure(write(tmp_path, "plain.csv", AZURE))
+    two = read_azure(write(tmp_path, "quoted.csv", quoted))
+    assert one.arrival_s.tolist() == two.arrival_s.tolist()
+    assert one.prompt_tokens.tolist() == two.prompt_tokens.tolist()
+
+
 def test_azure_ignores_other_columns(tmp_path):
     text = "Extra,TIMESTAMP,ContextTokens,GeneratedTokens\nx,2023-11-16 18:15:46,3,4\n"
     assert read_azure(write(tmp_path, "conv.csv", text)).output_tokens.tolist() == [4]

@@ -2,7 +2,8 @@
 
 Columns: ``TIMESTAMP`` (absolute wall-clock time ``YYYY-MM-DD HH:MM:SS.fffffff``, no time zone),
 ``ContextTokens`` (prompt tokens), ``GeneratedTokens`` (output tokens). Other columns are
-ignored. The 19,366-row conversation trace reads in about 40 ms.
+ignored. The 19,366-row conversation trace reads in 48 ms at best, 94 ms median (10
+reads on a shared machine).
 """
 
 from __future__ import annotations

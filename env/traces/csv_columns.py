@@ -7,6 +7,7 @@ The readers of the CSV formats (Azure, BurstGPT, plain) share this; each knows i
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from collections.abc import Sequence
@@ -55,8 +56,31 @@ def read_csv_columns(path: str | Path, required: Sequence[str], optional: Sequen
     Blank lines at the end of the file are ignored; a blank line before a row is refused.
     """
     path = Path(path)
-    header, rows, line_numbers = _read_rows(path, _expected_header(required, optional))
-    _check_header(path, header, required, optional, allow_other_columns)
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            text = f.read().replace("\r\n", "\n")
+    except UnicodeDecodeError:
+        raise TraceFormatError.not_utf8(path) from None
+    expected = _expected_header(required, optional)
+    wanted = [*required, *optional]
+    if '"' not in text:  # no quoting: one line a row, split by hand
+        header_line, _, body = text.partition("\n")
+        header = [name.strip() for name in header_line.split(",")] if header_line else []
+        _check_header(path, header, expected, required, optional, allow_other_columns)
+        columns = _split_regular_rows(body, len(header))
+        if columns is not None:
+            index = {name: i for i, name in enumerate(header)}
+            num_rows = len(columns[0])
+            return CsvColumns(path=path, header=header,
+                              values={name: columns[index[name]] for name in wanted
+                                      if name in index},
+                              line_numbers=np.arange(2, num_rows + 2, dtype=np.int64))
+        lines = body.split("\n")  # irregular: go row by row to name the first bad one
+        rows = [line.split(",") if line else [] for line in lines]
+        line_numbers = list(range(2, len(rows) + 2))
+    else:
+        header, rows, line_numbers = _read_quoted_rows(path, text)
+        _check_header(path, header, expected, required, optional, allow_other_columns)
     while rows and not rows[-1]:
         rows.pop()
     num_fields = len(header)
@@ -70,8 +94,7 @@ def read_csv_columns(path: str | Path, required: Sequence[str], optional: Sequen
                                    f"expected {num_fields} fields ({','.join(header)}), "
                                    f"got {len(row)}")
     index = {name: i for i, name in enumerate(header)}
-    values = {name: [row[index[name]] for row in rows]
-              for name in (*required, *optional) if name in index}
+    values = {name: [row[index[name]] for row in rows] for name in wanted if name in index}
     return CsvColumns(path=path, header=header, values=values,
                       line_numbers=np.asarray(line_numbers[:len(rows)], dtype=np.int64))
 
@@ -80,36 +103,48 @@ def _expected_header(required: Sequence[str], optional: Sequence[str]) -> str:
     return ",".join(required) + "".join(f"[,{c}]" for c in optional)
 
 
-def _read_rows(path: Path, expected: str) -> tuple[list[str], list[list[str]], list[int]]:
-    """The header (names stripped), the rows, and the 1-based line on which each row ends."""
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
-        try:
-            header = [name.strip() for name in next(reader, [])]
-            if not header:
-                raise TraceFormatError(path, 1, None,
-                                       f"empty file; expected a header with columns {expected}")
-            header_lines = reader.line_num
-            rows = list(reader)
-            if reader.line_num == header_lines + len(rows):  # one line a row, the usual case
-                return header, rows, list(range(header_lines + 1, reader.line_num + 1))
-            # A quoted field spans lines: read again, noting where each row ends.
-            f.seek(0)
-            reader = csv.reader(f)
-            next(reader)
-            rows, line_numbers = [], []
-            for row in reader:
-                rows.append(row)
-                line_numbers.append(reader.line_num)
-            return header, rows, line_numbers
-        except csv.Error as e:
-            raise TraceFormatError(path, reader.line_num, None, f"not valid CSV: {e}") from None
-        except UnicodeDecodeError:
-            raise TraceFormatError.not_utf8(path) from None
+def _split_regular_rows(body: str, num_fields: int) -> list[list[str]] | None:
+    """The columns of unquoted rows, when every line up to the trailing newlines has exactly
+    ``num_fields`` fields; None otherwise (the caller then finds the first bad line).
+
+    Counts the commas of every line with numpy and splits the whole body at once, which reads
+    a million rows several times faster than a list per row.
+    """
+    body = body.rstrip("\n")
+    if not body:
+        return [[] for _ in range(num_fields)]
+    raw = np.frombuffer(body.encode(), dtype=np.uint8)
+    newlines = np.flatnonzero(raw == ord("\n"))
+    starts = np.concatenate([[0], newlines + 1])
+    ends = np.concatenate([newlines, [len(raw)]])
+    commas_before = np.concatenate([[0], np.cumsum(raw == ord(","))])  # in raw[:k]
+    if np.any(ends == starts) or np.any(commas_before[ends] - commas_before[starts]
+                                        != num_fields - 1):
+        return None
+    fields = body.replace("\n", ",").split(",")
+    return [fields[k::num_fields] for k in range(num_fields)]
 
 
-def _check_header(path: Path, header: list[str], required: Sequence[str],
+def _read_quoted_rows(path: Path, text: str) -> tuple[list[str], list[list[str]], list[int]]:
+    """The header (names stripped), the rows and the 1-based line on which each row ends, read
+    with the csv module, for files that quote fields (a quoted field may span lines)."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = [name.strip() for name in next(reader, [])]
+        rows, line_numbers = [], []
+        for row in reader:
+            rows.append(row)
+            line_numbers.append(reader.line_num)
+    except csv.Error as e:
+        raise TraceFormatError(path, reader.line_num, None, f"not valid CSV: {e}") from None
+    return header, rows, line_numbers
+
+
+def _check_header(path: Path, header: list[str], expected: str, required: Sequence[str],
                   optional: Sequence[str], allow_other_columns: bool) -> None:
+    if not header:
+        raise TraceFormatError(path, 1, None,
+                               f"empty file; expected a header with columns {expected}")
     found = ",".join(header)
     for name in required:
         if name not in header:
@@ -120,8 +155,7 @@ def _check_header(path: Path, header: list[str], required: Sequence[str],
             raise TraceFormatError(path, 1, name, f"named twice in the header {found!r}")
         seen.add(name)
         if not allow_other_columns and name not in required and name not in optional:
-            raise TraceFormatError(path, 1, name, "unknown column; expected "
-                                   + _expected_header(required, optional))
+            raise TraceFormatError(path, 1, name, f"unknown column; expected {expected}")
 
 
 def parse_counts(table: CsvColumns, column: str) -> np.ndarray:
@@ -139,17 +173,22 @@ def parse_counts(table: CsvColumns, column: str) -> np.ndarray:
 def parse_seconds(table: CsvColumns, column: str) -> np.ndarray:
     """A column of finite, non-negative numbers of seconds as float64."""
     values = table.values[column]
-    out = np.empty(len(values), dtype=np.float64)
-    for i, text in enumerate(values):
+    try:
+        seconds = np.array(values, dtype=np.float64)
+    except ValueError:
+        seconds = None
+    if seconds is not None and np.all(seconds >= 0) and np.all(np.isfinite(seconds)) \
+            and not any("_" in text for text in values):
+        return seconds
+    for i, text in enumerate(values):  # find the first bad value
         try:
-            seconds = float(text)
+            value = float(text)
         except ValueError:
-            seconds = math.nan
-        if not (math.isfinite(seconds) and seconds >= 0) or "_" in text:
+            value = math.nan
+        if not (math.isfinite(value) and value >= 0) or "_" in text:
             raise TraceFormatError(table.path, int(table.line_numbers[i]), column,
                                    f"expected a non-negative number of seconds, got {text!r}")
-        out[i] = seconds
-    return out
+    raise AssertionError(f"numpy refused column {column} but no single value")
 
 
 def parse_names(table: CsvColumns, column: str) -> np.ndarray:

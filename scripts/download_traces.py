@@ -1,0 +1,138 @@
+"""Download the Azure LLM inference traces of 2023 into the traces folder.
+
+    python scripts/download_traces.py                  # both, into traces_dir()
+    python scripts/download_traces.py --kind conv --dest /data/traces
+    python scripts/download_traces.py --dry-run        # say what it would do; no network
+
+Fetches ``AzureLLMInferenceTrace_conv.csv`` (about 0.7 MB, 19,366 requests) and
+``AzureLLMInferenceTrace_code.csv`` (about 0.3 MB, 8,819 requests) from the Azure Public Dataset
+(github.com/Azure/AzurePublicDataset, ``data/``) into ``DEST/azure-llm-2023/``, where
+:func:`env.traces.azure_trace_path` looks for them. ``DEST`` defaults to
+:func:`env.traces.traces_dir` (``../shared/traces`` beside the repository, or
+``$BATCHPILOT_TRACES_DIR``). Files already present are skipped (``--force`` fetches them again);
+a download goes to a ``.part`` file that is renamed only when complete. Every file, fetched or
+present, is then read with the Azure reader and its rows and span are printed; a fetched file
+that does not parse is deleted.
+
+The traces are released under CC-BY-4.0. Their documentation asks users to cite Splitwise:
+Patel et al., "Splitwise: Efficient Generative LLM Inference Using Phase Splitting", ISCA 2024.
+
+This script needs the network, so the download itself cannot be tested offline (the project's
+machines have none); its tests cover the arguments, the plan and the write-and-verify path with
+a stand-in for the network. Run it from the repository root with the package importable
+(``pip install -e .`` or ``PYTHONPATH=.``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import urllib.request
+from pathlib import Path
+
+from env.traces.azure import read_azure
+from env.traces.errors import TraceFormatError
+from env.traces.locations import AZURE_TRACE_FILES, traces_dir
+
+AZURE_BASE_URL = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/"
+"""the raw-file URL of the dataset's ``data/`` folder; a file's URL is this plus its name"""
+CHUNK_BYTES = 1 << 16
+"""bytes read from the network at a time"""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line: ``--dest``, ``--kind`` (repeatable), ``--force``, ``--dry-run``,
+    ``--timeout``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dest", type=Path, default=None,
+                        help="the traces folder to download into (default: traces_dir(), "
+                             "i.e. $BATCHPILOT_TRACES_DIR or ../shared/traces)")
+    parser.add_argument("--kind", action="append", choices=sorted(AZURE_TRACE_FILES),
+                        dest="kinds", help="which trace to fetch; repeat for both "
+                                           "(default: conv and code)")
+    parser.add_argument("--force", action="store_true",
+                        help="download again even where the file is present")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print what would be downloaded and skipped; touch nothing")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to wait for the server on each read (default: 60)")
+    args = parser.parse_args(argv)
+    if args.dest is None:
+        args.dest = traces_dir()
+    args.kinds = list(dict.fromkeys(args.kinds or ["conv", "code"]))  # once each, in order
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
+    return args
+
+
+def plan(dest: Path, kinds: list[str]) -> list[tuple[str, Path]]:
+    """``(url, path)`` for each kind, in the order given."""
+    return [(AZURE_BASE_URL + Path(AZURE_TRACE_FILES[kind]).name, dest / AZURE_TRACE_FILES[kind])
+            for kind in kinds]
+
+
+def download(url: str, path: Path, timeout_s: float) -> int:
+    """Fetch ``url`` into ``path`` through ``path.part``, printing progress; returns bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".part")
+    received = 0
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response, \
+                open(partial, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0)
+            while chunk := response.read(CHUNK_BYTES):
+                out.write(chunk)
+                received += len(chunk)
+                of_total = (f" of {total / 1e6:.2f} MB ({100 * received / total:.0f}%)"
+                            if total else "")
+                print(f"\r  {path.name}: {received / 1e6:.2f} MB{of_total}", end="",
+                      file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+        if total and received != total:
+            raise OSError(f"{url}: received {received} bytes, the server announced {total}")
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(path)
+    return received
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Download what is missing, verify every file; exit status 0 when all parse."""
+    args = parse_args(argv)
+    print("Azure LLM inference traces 2023 (CC-BY-4.0; cite Splitwise, Patel et al., ISCA 2024)")
+    failed = 0
+    for url, path in plan(args.dest, args.kinds):
+        present = path.is_file()
+        fetch = args.force or not present
+        if args.dry_run:
+            print(f"would {'download ' + url + ' to' if fetch else 'skip (present)'} {path}")
+            continue
+        if fetch:
+            print(f"downloading {url}\n  to {path}")
+            try:
+                download(url, path, args.timeout)
+            except OSError as e:
+                print(f"  failed: {e}", file=sys.stderr)
+                failed += 1
+                continue
+        else:
+            print(f"present, skipped: {path}")
+        try:
+            trace = read_azure(path)
+        except TraceFormatError as e:
+            print(f"  does not parse: {e}", file=sys.stderr)
+            if fetch:
+                path.unlink()
+                print(f"  deleted {path}", file=sys.stderr)
+            else:
+                print("  run again with --force to download it afresh", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"  ok: {len(trace):,} requests over {trace.duration_s:,.0f} s; "
+              f"{trace.skipped_report()}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
