@@ -104,18 +104,26 @@ def _from_unit(spec: KnobSpec, u: float) -> float:
     return spec.low + u * (spec.high - spec.low)
 
 
+_SCALES = tuple((s.low, s.high, s.scale == "log", math.log(s.low),
+                 math.log(s.high) - math.log(s.low), s.step) for s in KNOB_SPECS)
+
+
 def action_to_knobs(action) -> Knobs:
     """Map an action in [-1, 1]^3 to knobs. Values outside [-1, 1] are clipped; NaN is refused."""
-    if len(action) != NUM_KNOBS:
-        raise ValueError(f"an action has {NUM_KNOBS} components, got {len(action)}")
-    raw = []
-    for spec, a in zip(KNOB_SPECS, action):
+    values = action.tolist() if hasattr(action, "tolist") else list(action)
+    if len(values) != NUM_KNOBS:
+        raise ValueError(f"an action has {NUM_KNOBS} components, got {len(values)}")
+    out = []
+    for a, (low, high, is_log, log_low, log_span, step) in zip(values, _SCALES):
         a = float(a)
         if not math.isfinite(a):
-            raise ValueError(f"action component for {spec.name} is not finite: {a!r}")
+            raise ValueError(f"action component {len(out)} is not finite: {a!r}")
         u = (min(max(a, -1.0), 1.0) + 1.0) * 0.5
-        raw.append(_from_unit(spec, u))
-    return Knobs.clamped(*raw)
+        v = math.exp(log_low + u * log_span) if is_log else low + u * (high - low)
+        if step:
+            v = round(v / step) * step
+        out.append(min(max(v, low), high))
+    return Knobs(out[0], int(out[1]), out[2])
 
 
 def knobs_to_action(knobs: Knobs) -> tuple[float, float, float]:

@@ -99,13 +99,27 @@ SPEC_VERSION = f"batchpilot-spec/1+{_spec_digest()}"
 """Written into every exported policy; the runtime refuses a policy whose spec differs."""
 
 
-def _transform(f: ObservationField, x: float) -> float:
-    x = min(max(x, f.low), f.high)
-    if f.transform == "log":
-        return math.log1p(x) / math.log1p(f.high)
-    if f.transform == "slog":
-        return math.copysign(math.log1p(abs(x)), x) / math.log1p(f.high)
-    return (x - f.low) / (f.high - f.low)
+_NUM_MEASURED = OBS_DIM - len(KNOB_SPECS)  # the fields before the knobs
+_TRANSFORMS = tuple(
+    (f.transform, f.low, f.high,
+     math.log1p(f.high) if f.transform in ("log", "slog") else f.high - f.low)
+    for f in OBSERVATION_FIELDS[:_NUM_MEASURED])
+
+
+def _vector(values: list[float], knobs: Knobs) -> np.ndarray:
+    """The vector from the measured fields' raw values (in table order) and the knobs: the one
+    implementation of the transforms, shared by the named (REST) and the engine paths."""
+    out = []
+    for x, (kind, low, high, denom) in zip(values, _TRANSFORMS):
+        x = low if x < low else high if x > high else x
+        if kind == "log":
+            out.append(math.log1p(x) / denom)
+        elif kind == "slog":
+            out.append(math.copysign(math.log1p(abs(x)), x) / denom)
+        else:
+            out.append((x - low) / denom)
+    out.extend(knobs_to_action(knobs))
+    return np.array(out, dtype=np.float32)
 
 
 def vector_from_fields(fields: Mapping[str, float]) -> np.ndarray:
@@ -116,9 +130,8 @@ def vector_from_fields(fields: Mapping[str, float]) -> np.ndarray:
     unknown = set(fields) - set(OBSERVATION_INDEX)
     if unknown:
         raise ValueError(f"unknown observation field(s): {sorted(unknown)}")
-    out = np.empty(OBS_DIM, dtype=np.float32)
-    knob_values = []
-    for i, f in enumerate(OBSERVATION_FIELDS):
+    values = []
+    for f in OBSERVATION_FIELDS:
         if f.name not in fields:
             raise ValueError(f"observation field {f.name!r} is missing")
         x = fields[f.name]
@@ -128,13 +141,8 @@ def vector_from_fields(fields: Mapping[str, float]) -> np.ndarray:
             raise ValueError(f"observation field {f.name!r} is not a number: {x!r}") from None
         if not math.isfinite(x):
             raise ValueError(f"observation field {f.name!r} is not finite: {x!r}")
-        if f.transform == "knob":
-            knob_values.append(min(max(x, f.low), f.high))
-        else:
-            out[i] = _transform(f, x)
-    knobs = Knobs.clamped(*knob_values)
-    out[-len(KNOB_SPECS):] = knobs_to_action(knobs)
-    return out
+        values.append(x)
+    return _vector(values[:_NUM_MEASURED], Knobs.clamped(*values[_NUM_MEASURED:]))
 
 
 def fields_from_vector(vector: np.ndarray) -> dict[str, float]:
@@ -179,34 +187,24 @@ class FeatureBuilder:
         self._prev_tpot = 0.0
         self._prev_kv = 0.0
 
-    def fields(self, stats, knobs: Knobs) -> dict[str, float]:
-        """Named raw values from an :class:`runtime.engine.metrics.IntervalStats`."""
+    def _values(self, stats) -> list[float]:
+        """Raw values of the measured fields, in table order; updates the remembered ones."""
         rate = stats.arrival_rate
         ttft = max(stats.ttft_p99_ratio, stats.oldest_wait_ratio)
         tpot = stats.tpot_p99_ratio
-        f = {
-            "arrival_rate_rps": rate,
-            "arrival_rate_change_rps": rate - self._prev_rate,
-            "prompt_tokens_mean": stats.prompt_mean,
-            "prompt_tokens_std": stats.prompt_std,
-            "waiting_requests": stats.waiting,
-            "waiting_prompt_tokens": stats.waiting_tokens,
-            "running_requests": stats.running,
-            "kv_utilization": stats.kv_utilization,
-            "kv_fragmentation": stats.kv_fragmentation,
-            "preemptions": stats.preemptions,
-            "ooms": stats.ooms,
-            "ttft_p99_ratio": ttft,
-            "tpot_p99_ratio": tpot,
-            "slo_attainment": stats.slo_attainment,
-            "ttft_p99_ratio_prev": self._prev_ttft,
-            "tpot_p99_ratio_prev": self._prev_tpot,
-            "kv_utilization_prev": self._prev_kv,
-            **knobs.as_dict(),
-        }
+        values = [rate, rate - self._prev_rate, stats.prompt_mean, stats.prompt_std,
+                  stats.waiting, stats.waiting_tokens, stats.running, stats.kv_utilization,
+                  stats.kv_fragmentation, stats.preemptions, stats.ooms, ttft, tpot,
+                  stats.slo_attainment, self._prev_ttft, self._prev_tpot, self._prev_kv]
         self._prev_rate, self._prev_ttft, self._prev_tpot = rate, ttft, tpot
         self._prev_kv = stats.kv_utilization
-        return f
+        return values
+
+    def fields(self, stats, knobs: Knobs) -> dict[str, float]:
+        """Named raw values from an :class:`runtime.engine.metrics.IntervalStats`."""
+        return {**dict(zip(OBSERVATION_NAMES, self._values(stats))), **knobs.as_dict()}
 
     def observe(self, stats, knobs: Knobs) -> np.ndarray:
-        return vector_from_fields(self.fields(stats, knobs))
+        """The observation vector of an interval (the same as
+        ``vector_from_fields(self.fields(stats, knobs))``, without the dictionary)."""
+        return _vector(self._values(stats), knobs)
