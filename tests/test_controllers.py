@@ -1,0 +1,115 @@
+"""Baseline controllers: each maps the observation onto the three knobs as documented."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from agents.controllers.aimd import AimdController
+from agents.controllers.best_static import grid_search
+from agents.controllers.heuristic import HeuristicController, ewma, heuristic_ratio
+from runtime.decider.controller import Controller, StaticController
+from runtime.decider.pid import PidController
+from runtime.engine.profile import Profile
+from runtime.knobs import DEFAULT_KNOBS, Knobs
+from runtime.observation import OBSERVATION_NAMES, vector_from_fields
+
+
+def obs(**fields) -> np.ndarray:
+    f = {n: 0.0 for n in OBSERVATION_NAMES}
+    f.update(DEFAULT_KNOBS.as_dict())
+    f["slo_attainment"] = 1.0
+    f.update(fields)
+    return vector_from_fields(f)
+
+
+@pytest.mark.parametrize("controller", [
+    StaticController(), PidController(), AimdController(),
+    HeuristicController(Profile.load().memory)])
+def test_every_controller_implements_the_interface(controller):
+    assert isinstance(controller, Controller)
+    controller.reset()
+    assert isinstance(controller.decide(obs()), Knobs)
+
+
+def test_aimd_grows_the_chunk_additively_while_tpot_holds_and_backs_off_when_missed():
+    c = AimdController(chunk_step=256, backoff=0.9)
+    assert c.decide(obs(tpot_p99_ratio=0.5)).prefill_chunk_tokens == 2048 + 256
+    assert c.decide(obs(tpot_p99_ratio=1.5)).prefill_chunk_tokens == round(2048 * 0.9 / 16) * 16
+
+
+def test_aimd_halves_the_window_when_ttft_is_missed():
+    c = AimdController()
+    assert c.decide(obs(batch_window_ms=40, ttft_p99_ratio=2.0)).batch_window_ms == 20
+
+
+def test_aimd_raises_kv_on_preemption_and_backs_off_on_oom():
+    c = AimdController(ratio_step=0.02, backoff=0.9)
+    assert c.decide(obs(kv_cache_ratio=0.8, preemptions=3)).kv_cache_ratio == pytest.approx(0.82)
+    assert c.decide(obs(kv_cache_ratio=0.9, ooms=1)).kv_cache_ratio == pytest.approx(
+        0.4 + 0.5 * 0.9)
+
+
+def test_heuristic_follows_the_design_documents_formulas():
+    assert ewma([10.0]) == 10.0
+    w = np.exp(np.linspace(-1, 0, 2))
+    assert ewma([10.0, 20.0]) == pytest.approx((w[0] * 10 + w[1] * 20) / w.sum())
+    assert heuristic_ratio(8, 1024) == pytest.approx(0.8)
+    assert heuristic_ratio(32, 512) == pytest.approx(0.45)
+    assert heuristic_ratio(1, 64) == 0.4 and heuristic_ratio(256, 16384) == 0.95
+
+
+def test_heuristic_maps_the_batch_estimate_to_the_chunk_and_the_ratio():
+    memory = Profile.load().memory
+    c = HeuristicController(memory, tpot_target_s=0.05)
+    # latency 25 ms; free memory: half of the KV pool at ratio 0.9 plus the workspace
+    knobs = c.decide(obs(tpot_p99_ratio=0.5, kv_utilization=0.5))
+    free_gib = (0.5 * memory.kv_bytes(0.9) + memory.workspace_bytes(0.9)) / 2**30
+    batch = min(256.0, max(1.0, free_gib * 1024 / (25.0 * 0.8)))
+    assert knobs.prefill_chunk_tokens == min(16384, round(batch * 64 / 16) * 16)
+    assert knobs.kv_cache_ratio == pytest.approx(heuristic_ratio(batch, batch * 64))
+    assert knobs.batch_window_ms == DEFAULT_KNOBS.batch_window_ms
+
+
+def test_heuristic_keeps_the_default_until_it_has_a_latency_sample():
+    c = HeuristicController(Profile.load().memory)
+    assert c.decide(obs(tpot_p99_ratio=0.0)) == DEFAULT_KNOBS
+
+
+def test_pid_shortens_the_window_when_ttft_runs_over_and_is_stateless():
+    pid = PidController()
+    hot = obs(batch_window_ms=50, ttft_p99_ratio=3.0, ttft_p99_ratio_prev=3.0,
+              tpot_p99_ratio=0.5, tpot_p99_ratio_prev=0.5, kv_utilization=0.85,
+              kv_utilization_prev=0.85)
+    a, b = pid.decide(hot), pid.decide(hot)
+    assert a == b  # same observation, same decision: no hidden state
+    assert a.batch_window_ms < 50
+
+
+def test_pid_raises_the_kv_ratio_under_preemptions_and_lowers_it_after_an_oom():
+    pid = PidController()
+    base = dict(kv_utilization=0.85, kv_utilization_prev=0.85, kv_cache_ratio=0.7,
+                ttft_p99_ratio=0.5, ttft_p99_ratio_prev=0.5, tpot_p99_ratio=0.7,
+                tpot_p99_ratio_prev=0.7)
+    assert pid.decide(obs(**base, preemptions=4)).kv_cache_ratio > 0.7
+    assert pid.decide(obs(**base, ooms=1)).kv_cache_ratio < 0.7
+
+
+def test_best_static_grid_search_keeps_the_best_setting(tmp_path):
+    trace = tmp_path / "t.csv"
+    rng = np.random.default_rng(0)
+    arrivals = np.cumsum(rng.exponential(0.05, 400))
+    rows = "\n".join(f"{a:.4f},{rng.integers(200, 3000)},{rng.integers(5, 80)}"
+                     for a in arrivals)
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows + "\n")
+    grid = {"batch_window_ms": (5.0,), "prefill_chunk_tokens": (256, 4096),
+            "kv_cache_ratio": (0.9,)}
+    result = grid_search(str(trace), part="all", scales=(1.0, 3.0), grid=grid, workers=1,
+                         progress=False)
+    assert len(result["table"]) == 2
+    best = max(result["table"], key=lambda r: r["mean_attainment"])
+    assert result["best"] == best["knobs"]
+    assert all(0.0 <= a <= 1.0 for r in result["table"] for a in r["attainment"])
+    assert not math.isnan(result["best_mean_attainment"])

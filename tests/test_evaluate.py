@@ -1,0 +1,98 @@
+"""The evaluation harness: same windows for every controller, capacity by bisection, JSON shape."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agents.evaluate import find_capacity, run_episode
+from env.traces import poisson
+from runtime.decider.controller import StaticController
+from runtime.engine.metrics import burst_onsets, recovery_times
+from runtime.engine.profile import Profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_capacity_bisection_finds_the_edge_within_two_percent():
+    calls = []
+
+    def attainment(s):
+        calls.append(s)
+        return 1.0 if s <= 3.3 else 0.5
+
+    known = {1.0: 1.0, 2.0: 1.0, 4.0: 0.5, 8.0: 0.5}
+    cap = find_capacity(attainment, 0.99, known)
+    assert 3.3 / 1.02 <= cap <= 3.3
+    assert all(2.0 < s < 4.0 for s in calls)  # only inside the bracket the grid gave
+
+
+def test_capacity_searches_below_and_above_the_grid():
+    cap = find_capacity(lambda s: 1.0 if s <= 0.3 else 0.0, 0.9, {1.0: 0.0, 2.0: 0.0})
+    assert 0.3 / 1.02 <= cap <= 0.3
+    assert find_capacity(lambda s: 1.0, 0.9, {1.0: 1.0}) == 64.0
+    assert find_capacity(lambda s: 0.0, 0.9, {1.0: 0.0}) == 0.0
+
+
+def test_burst_onsets_and_recovery_on_a_made_up_series():
+    interval = 0.25
+    rates = np.full(800, 4.0)  # one request per interval, 4 per second
+    rates[400:408] = 80.0  # 2 s at 20x: 20 requests per interval
+    onsets = burst_onsets(rates, interval)
+    assert onsets == [400]
+    att = np.ones(800)
+    att[402:420] = 0.3  # misses for 4.5 s, then recovered
+    (rec,) = recovery_times(att, onsets, interval, target=0.99, hold=3)
+    assert rec == pytest.approx((420 - 400) * interval)
+    assert recovery_times(np.zeros(800), onsets, interval) == [math.inf]
+
+
+def test_run_episode_drains_the_window_and_counts_every_request():
+    trace = poisson(20.0, 30.0, seed=3)
+    ep = run_episode(trace, StaticController(), interval_s=0.25, profile=Profile.load(),
+                     record=True)
+    s = ep.summary
+    assert s["requests"] == len(trace)
+    assert s["finished"] + s["rejected"] == len(trace)
+    assert ep.sources == {"static": ep.decisions}
+    assert len(ep.timeline["t"]) == ep.decisions
+    assert ep.mean_knobs == pytest.approx((5.0, 2048.0, 0.9))
+
+
+def test_evaluate_command_prints_rows_and_capacity_as_json(tmp_path):
+    rng = np.random.default_rng(1)
+    arrivals = np.cumsum(rng.exponential(1 / 6.0, 600))
+    lines = [f"{a:.4f},{rng.integers(100, 2500)},{rng.integers(5, 300)}" for a in arrivals]
+    path = tmp_path / "tiny.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "\n".join(lines) + "\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "agents.evaluate", "--trace", str(path), "--split", "all",
+         "--controllers", "static,pid,aimd,heuristic", "--rate-scales", "1,4", "--json",
+         "--workers", "1", "--out", str(tmp_path / "ev")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert len(result["rows"]) == 8
+    row = result["rows"][0]
+    for key in ("controller", "trace", "rate_scale", "slo_attainment", "goodput_rps",
+                "ttft_p99_s", "tpot_p99_s", "preemptions", "ooms"):
+        assert key in row
+    assert {r["controller"] for r in result["rows"]} == {"static", "pid", "aimd", "heuristic"}
+    assert {(c["controller"], c["trace"]) for c in result["capacity"]} == {
+        (c, "tiny") for c in ("static", "pid", "aimd", "heuristic")}
+    for c in result["capacity"]:
+        assert c["capacity_99"] <= c["capacity_90"]
+    assert (tmp_path / "ev" / "attainment_vs_load_tiny.png").stat().st_size > 1000
+
+
+def test_evaluate_command_refuses_an_unknown_controller():
+    out = subprocess.run([sys.executable, "-m", "agents.evaluate", "--controllers", "magic"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "unknown controller 'magic'" in out.stderr
