@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 out["speed"].append(speed_row(trace, label, scale, profile, fast=False))
         known: dict[float, float] = {}
 
-        def attainment(s: float) -> float:
+        def attainment(s: float, trace=trace) -> float:
             t = rate_scale(trace, s)
             return replay(t, DEFAULT_KNOBS, profile=profile).summary.slo_attainment
 
