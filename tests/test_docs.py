@@ -1,0 +1,15 @@
+"""The spec tables in docs/ are rendered from the code and must not drift from it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_docs_spec_is_rendered_from_the_code():
+    out = subprocess.run([sys.executable, "scripts/render_docs.py", "--check"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
