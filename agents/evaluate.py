@@ -51,7 +51,6 @@ class EvalSpec:
     part: str
     profile_path: str | None
     interval_s: float
-    tuning_scales: tuple[float, ...]
     config: EngineConfig = field(default_factory=EngineConfig)
 
 
@@ -63,8 +62,8 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
     if name == "best-static":
         from agents.controllers.best_static import BestStaticController, best_static_knobs
 
-        knobs = best_static_knobs(spec.trace, part="train", scales=spec.tuning_scales,
-                                  profile_path=spec.profile_path, config=spec.config)
+        knobs = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
+                                  config=spec.config)
         return BestStaticController(knobs)
     if name == "pid":
         return PidController()
@@ -226,6 +225,13 @@ def _capacity_job(args: tuple) -> dict:
             "capacity_90": cap90, "evaluations": len(known)}
 
 
+def short_name(controller: str) -> str:
+    """``policy:runs/x/policy.onnx`` -> ``policy:x``: names short enough for tables and plots."""
+    if controller.startswith("policy:"):
+        return f"policy:{Path(controller.split(':', 1)[1]).parent.name or 'onnx'}"
+    return controller
+
+
 def _fmt(x: float, spec: str) -> str:
     return "inf" if isinstance(x, float) and math.isinf(x) else format(x, spec)
 
@@ -237,8 +243,9 @@ def markdown_table(rows: Sequence[dict], capacity: Sequence[dict]) -> str:
     for r in rows:
         rec = ("-" if "bursts" not in r else
                f"{_fmt(r['recovery_s_mean'], '.1f')} ({r['bursts']} bursts)")
+        rate = f"{r['rate_scale']:.3g}" + (" (static match)" if r.get("matched_static") else "")
         lines.append(
-            f"| {r['trace']} | {r['controller']} | {r['rate_scale']:g} | "
+            f"| {r['trace']} | {short_name(r['controller'])} | {rate} | "
             f"{r['slo_attainment']:.2%} | {r['goodput_rps']:.2f} | {r['ttft_p99_s']:.2f} | "
             f"{r['tpot_p99_s'] * 1e3:.1f} | {r['preemptions']} | {r['ooms']} | "
             f"{r['mean_batch_window_ms']:.0f} | {r['mean_prefill_chunk_tokens']:.0f} | "
@@ -246,7 +253,8 @@ def markdown_table(rows: Sequence[dict], capacity: Sequence[dict]) -> str:
     if capacity:
         lines += ["", "| trace | controller | capacity @99% | capacity @90% |", "|---|---|---|---|"]
         for c in capacity:
-            lines.append(f"| {c['trace']} | {c['controller']} | {c['capacity_99']:.3g} | "
+            lines.append(f"| {c['trace']} | {short_name(c['controller'])} | "
+                         f"{c['capacity_99']:.3g} | "
                          f"{c['capacity_90']:.3g} |")
     return "\n".join(lines)
 
@@ -266,7 +274,8 @@ def plot(rows: Sequence[dict], out_dir: Path) -> list[Path]:
         for name in dict.fromkeys(r["controller"] for r in sub):
             pts = sorted((r["rate_scale"], r["slo_attainment"]) for r in sub
                          if r["controller"] == name)
-            ax.plot([p[0] for p in pts], [p[1] * 100 for p in pts], marker="o", label=name)
+            ax.plot([p[0] for p in pts], [p[1] * 100 for p in pts], marker="o",
+                    label=short_name(name))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("rate scale (x trace rate)")
         ax.set_ylabel("SLO attainment (%)")
@@ -294,7 +303,7 @@ def plot(rows: Sequence[dict], out_dir: Path) -> list[Path]:
         for r in ts:
             t = r["timeline"]
             for ax, (k, label) in zip(axes, keys):
-                ax.plot(t["t"], t[k], lw=0.8, label=r["controller"])
+                ax.plot(t["t"], t[k], lw=0.8, label=short_name(r["controller"]))
                 ax.set_ylabel(label, fontsize=8)
         axes[1].set_yscale("log", base=2)
         axes[3].set_yscale("symlog")
@@ -312,11 +321,15 @@ def plot(rows: Sequence[dict], out_dir: Path) -> list[Path]:
 def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence[float], *,
              part: str = "eval", interval_s: float = 0.25, profile_path: str | None = None,
              config: EngineConfig | None = None, capacity: bool = True, workers: int = 2,
-             progress: bool = True) -> dict:
-    """Run the arena; returns ``{"rows": [...], "capacity": [...]}``."""
+             progress: bool = True, match_static: float | None = None) -> dict:
+    """Run the arena; returns ``{"rows": [...], "capacity": [...], "static_match": [...]}``.
+
+    :param match_static: also find, per trace, the rate scale at which the static default
+        attains this share (bisection to 2%), and run every controller there; those rows carry
+        ``"matched_static": True``
+    """
     config = config or EngineConfig()
-    specs = {t: EvalSpec(t, part, profile_path, interval_s, tuple(scales), config)
-             for t in traces}
+    specs = {t: EvalSpec(t, part, profile_path, interval_s, config) for t in traces}
     for t in traces:  # resolve names and warm the best-static cache before fanning out
         resolve_trace(t)
         if "best-static" in controllers:
@@ -332,6 +345,27 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
                       end="", file=sys.stderr, flush=True)
         if progress:
             print(file=sys.stderr)
+        matched: list[dict] = []
+        if match_static is not None:
+            for t in traces:
+                known = {r["rate_scale"]: r["slo_attainment"] for r in rows
+                         if r["trace"] == trace_label(t) and r["controller"] == "static"}
+                static = make_controller("static", specs[t])
+                profile = Profile.load(profile_path)
+
+                def att(scale: float, t=t, static=static, profile=profile) -> float:
+                    return run_episode(_window(specs[t], scale), static, interval_s=interval_s,
+                                       profile=profile, config=config).summary["slo_attainment"]
+
+                scale = find_capacity(att, match_static, known)
+                matched.append({"trace": trace_label(t), "target": match_static,
+                                "rate_scale": scale, "static_attainment": known.get(scale)
+                                if scale in known else att(scale)})
+            mjobs = [(specs[t], c, m["rate_scale"], False) for t, m in zip(traces, matched)
+                     for c in controllers]
+            for row in pool.map(_row_job, mjobs):
+                row["matched_static"] = True
+                rows.append(row)
         cap: list[dict] = []
         if capacity:
             cjobs = []
@@ -340,6 +374,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
                     known = {r["rate_scale"]: r["slo_attainment"] for r in rows
                              if r["trace"] == trace_label(t) and r["controller"] == c}
                     cjobs.append((specs[t], c, known))
+            # the capacity jobs take longest for the best controllers: start them first
+            cjobs.sort(key=lambda j: -sum(j[2].values()))
             for i, c in enumerate(pool.map(_capacity_job, cjobs), 1):
                 cap.append(c)
                 if progress:
@@ -347,7 +383,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
                           end="", file=sys.stderr, flush=True)
             if progress:
                 print(file=sys.stderr)
-    return {"rows": rows, "capacity": cap, "split": part, "interval_s": interval_s,
+    return {"rows": rows, "capacity": cap, "static_match": matched, "split": part,
+            "interval_s": interval_s,
             "profile": Profile.load(profile_path).name, "wall_s": time.perf_counter() - t0}
 
 
@@ -363,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval-s", type=float, default=0.25)
     ap.add_argument("--profile", default=None, help="executor profile (default: roofline H200)")
     ap.add_argument("--no-capacity", action="store_true", help="skip the capacity bisection")
+    ap.add_argument("--match-static", type=float, default=None, metavar="SHARE",
+                    help="also run every controller at the load where the static default "
+                         "attains SHARE (e.g. 0.68)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=Path("runs/evaluate"),
                     help="folder for the plots and results.json (default runs/evaluate)")
@@ -374,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--rate-scales must be positive numbers, got {args.rate_scales!r}")
         controllers = [c.strip() for c in args.controllers.split(",") if c.strip()]
         traces = [t.strip() for t in args.trace.split(",") if t.strip()]
-        spec = EvalSpec(traces[0], args.split, args.profile, args.interval_s, tuple(scales))
+        spec = EvalSpec(traces[0], args.split, args.profile, args.interval_s)
         for c in controllers:
             if c != "best-static":
                 make_controller(c, spec)  # fail fast on a bad name or policy file
@@ -383,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = evaluate(traces, controllers, scales, part=args.split, interval_s=args.interval_s,
                       profile_path=args.profile, capacity=not args.no_capacity,
-                      workers=args.workers, progress=not args.json)
+                      workers=args.workers, progress=not args.json,
+                      match_static=args.match_static)
     plots = plot(result["rows"], args.out)
     for r in result["rows"]:
         r.pop("timeline", None)

@@ -1,0 +1,172 @@
+"""Export a trained PPO policy to ONNX: the action path only, ready for the runtime decider.
+
+The graph computes, for a float32 ``obs`` of shape ``[batch, OBS_DIM]``::
+
+    x = clip((obs - mean) / sqrt(var + eps), -clip_obs, clip_obs)     # VecNormalize, folded in
+    action = clip(action_net(mlp_extractor.forward_actor(x)), -1, 1)   # SB3's deterministic action
+
+and nothing else (no value head, no sampling). Weights live inside the file, the opset is fixed,
+and the metadata carries the spec version the runtime checks before it trusts the model. The
+export compares the ONNX actions with the torch policy's (``model.predict(..., deterministic=
+True)`` on VecNormalize-normalised observations) on thousands of observations, many far outside
+the training range, and refuses to write a model whose actions differ by more than ``atol``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from runtime.observation import OBS_DIM, OBS_HIGH, OBS_LOW, SPEC_VERSION
+
+OPSET = 18
+INPUT_NAME = "obs"
+OUTPUT_NAME = "action"
+ALLOWED_OPS = {"Sub", "Div", "Mul", "Add", "Sqrt", "Clip", "Gemm", "MatMul", "Tanh", "Relu",
+               "Max", "Min", "Constant", "Identity", "Reshape", "Flatten", "Cast"}
+
+
+class ActionPath(nn.Module):
+    """The deterministic action of an SB3 ``ActorCriticPolicy`` with VecNormalize folded in."""
+
+    def __init__(self, policy, obs_mean: np.ndarray | None, obs_var: np.ndarray | None,
+                 clip_obs: float = 10.0, epsilon: float = 1e-8) -> None:
+        super().__init__()
+        self.features_extractor = policy.pi_features_extractor
+        self.mlp_extractor = policy.mlp_extractor
+        self.action_net = policy.action_net
+        mean = np.zeros(OBS_DIM) if obs_mean is None else obs_mean
+        scale = np.ones(OBS_DIM) if obs_var is None else np.sqrt(obs_var + epsilon)
+        self.register_buffer("obs_mean", torch.as_tensor(mean, dtype=torch.float32))
+        self.register_buffer("obs_scale", torch.as_tensor(scale, dtype=torch.float32))
+        self.clip_obs = float(clip_obs) if obs_mean is not None else None
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = (obs - self.obs_mean) / self.obs_scale
+        if self.clip_obs is not None:
+            x = torch.clamp(x, -self.clip_obs, self.clip_obs)
+        features = self.features_extractor(x)
+        latent = self.mlp_extractor.forward_actor(features)
+        return torch.clamp(self.action_net(latent), -1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    path: Path
+    max_abs_diff: float
+    num_checked: int
+    operators: dict[str, int]
+    bytes: int
+
+    def as_dict(self) -> dict:
+        return {"path": str(self.path), "max_abs_diff": self.max_abs_diff,
+                "num_checked": self.num_checked, "operators": self.operators,
+                "bytes": self.bytes}
+
+
+class ExportParityError(RuntimeError):
+    pass
+
+
+def parity_observations(n: int = 4096, seed: int = 0) -> np.ndarray:
+    """Observations to check the export on: inside the spec's bounds, at its corners, and far
+    outside (x100) where the folded clipping must agree with the torch path."""
+    rng = np.random.default_rng(seed)
+    lo, hi = OBS_LOW.astype(np.float64), OBS_HIGH.astype(np.float64)
+    inside = rng.uniform(lo, hi, (n // 2, OBS_DIM))
+    corners = np.where(rng.random((n // 4, OBS_DIM)) < 0.5, lo, hi)
+    outside = rng.normal(0, 100, (n - n // 2 - n // 4, OBS_DIM))
+    return np.concatenate([inside, corners, outside]).astype(np.float32)
+
+
+def torch_actions(model, vecnormalize, obs: np.ndarray) -> np.ndarray:
+    """The actions SB3 would take (VecNormalize'd observations, deterministic, clipped)."""
+    x = vecnormalize.normalize_obs(obs) if vecnormalize is not None else obs
+    actions, _ = model.predict(x, deterministic=True)
+    return np.asarray(actions, dtype=np.float32)
+
+
+def graph_operators(path: str | Path) -> dict[str, int]:
+    import onnx
+
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path)).graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def export_policy(model, vecnormalize, path: str | Path, *, policy_version: str,
+                  metadata: dict[str, str] | None = None, atol: float = 1e-5,
+                  num_checks: int = 4096) -> ExportReport:
+    """Write ``model``'s action path to ``path`` as ONNX after checking it against torch.
+
+    :param model: a stable-baselines3 PPO (or any on-policy algorithm with an ActorCriticPolicy)
+    :param vecnormalize: the VecNormalize wrapper it was trained with, or None
+    :param policy_version: a name for this policy (shown by the decider and the REST API)
+    :param metadata: more ``key -> value`` strings to store (traces, date, evaluation summary)
+    :param atol: the largest action difference accepted between ONNX and torch
+    """
+    import onnx
+    import onnxruntime as ort
+
+    path = Path(path)
+    policy = model.policy
+    norm = vecnormalize if (vecnormalize is not None and vecnormalize.norm_obs) else None
+    module = ActionPath(policy,
+                        None if norm is None else norm.obs_rms.mean,
+                        None if norm is None else norm.obs_rms.var,
+                        clip_obs=10.0 if norm is None else norm.clip_obs,
+                        epsilon=1e-8 if norm is None else norm.epsilon).eval()
+    dummy = torch.zeros(2, OBS_DIM, dtype=torch.float32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=path.parent)
+    os.close(fd)
+    try:
+        with torch.no_grad():
+            torch.onnx.export(module, (dummy,), tmp, input_names=[INPUT_NAME],
+                              output_names=[OUTPUT_NAME], opset_version=OPSET,
+                              dynamic_shapes={"obs": {0: torch.export.Dim("batch", min=1,
+                                                                          max=65536)}},
+                              external_data=False, dynamo=True, verbose=False)
+        proto = onnx.load(tmp)
+        meta = {"batchpilot.spec_version": SPEC_VERSION,
+                "batchpilot.policy_version": policy_version,
+                "batchpilot.exported_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "batchpilot.obs_dim": str(OBS_DIM),
+                **(metadata or {})}
+        del proto.metadata_props[:]
+        for k, v in meta.items():
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = k, v if isinstance(v, str) else json.dumps(v)
+        onnx.checker.check_model(proto)
+        onnx.save(proto, tmp)
+
+        obs = parity_observations(num_checks)
+        expected = torch_actions(model, norm, obs)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1
+        sess = ort.InferenceSession(tmp, opts, providers=["CPUExecutionProvider"])
+        got = sess.run([OUTPUT_NAME], {INPUT_NAME: obs})[0]
+        diff = float(np.max(np.abs(got - expected)))
+        if not np.isfinite(diff) or diff > atol:
+            raise ExportParityError(f"ONNX actions differ from the torch policy by {diff:.3g} "
+                                    f"(> {atol:g}) on {len(obs)} observations; not written")
+        ops = graph_operators(tmp)
+        unexpected = set(ops) - ALLOWED_OPS
+        if unexpected:
+            raise ExportParityError(f"the exported graph holds unexpected operators "
+                                    f"{sorted(unexpected)}; expected only the MLP, the "
+                                    "normalisation and the clip")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return ExportReport(path, diff, len(obs), ops, path.stat().st_size)
