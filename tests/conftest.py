@@ -1,53 +1,62 @@
-"""Shared test factories: small engines whose numbers can be checked by hand."""
+"""Shared fixtures: contract-following ONNX policies (exported once per session) and
+observations. Engine factories live in ``tests/engine_factory.py``."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.executor import MemoryModel
-from runtime.engine.profile import CostModel, Profile
-from runtime.engine.sim_executor import SimulatedExecutor
-from runtime.knobs import Knobs
-
-BLOCK_BYTES = 16 * 1024  # 16 tokens x 1 KiB
+from runtime.knobs import DEFAULT_KNOBS, Knobs
+from runtime.observation import OBSERVATION_NAMES, vector_from_fields
+from tests.policy_factory import export_policy_bytes, make_mlp
 
 
-def hand_profile(*, blocks_at_half: int = 100, const_s: float = 0.010,
-                 prefill_token_s: float = 0.001, decode_seq_s: float = 0.0,
-                 decode_ctx_token_s: float = 0.0, prefill_attn_pair_s: float = 0.0,
-                 act_bytes_per_token: int = 64, oom_penalty_s: float = 0.05,
-                 resize_fixed_s: float = 0.0) -> Profile:
-    """A profile with round numbers: ``blocks_at_half`` KV blocks of 16 tokens at ratio 0.5."""
-    free = 2 * blocks_at_half * BLOCK_BYTES
-    memory = MemoryModel(total_bytes=free + 1000, weight_bytes=1000, kv_bytes_per_token=1024,
-                         block_size=16, act_fixed_bytes=0,
-                         act_bytes_per_token=act_bytes_per_token)
-    cost = CostModel(const_s=const_s, prefill_token_s=prefill_token_s,
-                     prefill_attn_pair_s=prefill_attn_pair_s, decode_seq_s=decode_seq_s,
-                     decode_ctx_token_s=decode_ctx_token_s)
-    return Profile(name="hand", kind="measured", memory=memory, cost=cost,
-                   oom_penalty_s=oom_penalty_s, resize_fixed_s=resize_fixed_s,
-                   resize_per_gib_s=0.0, block_copy_s=0.0)
+def raw_fields(knobs: Knobs = DEFAULT_KNOBS, **overrides: float) -> dict[str, float]:
+    """A plausible named observation: moderate load, SLOs met, the given knobs."""
+    f = {
+        "arrival_rate_rps": 40.0, "arrival_rate_change_rps": -3.0, "prompt_tokens_mean": 900.0,
+        "prompt_tokens_std": 400.0, "waiting_requests": 5.0, "waiting_prompt_tokens": 4500.0,
+        "running_requests": 60.0, "kv_utilization": 0.7, "kv_fragmentation": 0.1,
+        "preemptions": 0.0, "ooms": 0.0, "ttft_p99_ratio": 0.6, "tpot_p99_ratio": 0.8,
+        "slo_attainment": 0.97, "ttft_p99_ratio_prev": 0.5, "tpot_p99_ratio_prev": 0.7,
+        "kv_utilization_prev": 0.65,
+        **knobs.as_dict(),
+    }
+    f.update(overrides)
+    assert list(f) == list(OBSERVATION_NAMES)
+    return f
 
 
-def make_engine(profile: Profile | None = None, *, window_ms: float = 5.0, chunk: int = 2048,
-                ratio: float = 0.5, fast_path: bool = True, **config) -> Engine:
-    profile = profile if profile is not None else hand_profile()
-    return Engine(SimulatedExecutor(profile), Knobs(window_ms, chunk, ratio),
-                  EngineConfig(fast_path=fast_path, **config))
+def observation(knobs: Knobs = DEFAULT_KNOBS, **overrides: float) -> np.ndarray:
+    return vector_from_fields(raw_fields(knobs, **overrides))
 
 
-def random_workload(seed: int, n: int, rate: float, prompt_mean: float = 300,
-                    output_mean: float = 60) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, n))
-    prompts = np.maximum(1, rng.lognormal(np.log(prompt_mean), 0.8, n).astype(np.int64))
-    outputs = np.maximum(1, rng.lognormal(np.log(output_mean), 0.8, n).astype(np.int64))
-    return arrivals, prompts, outputs
+@pytest.fixture(scope="session")
+def mlp():
+    return make_mlp(seed=0)
 
 
-@pytest.fixture
-def engine_factory():
-    return make_engine
+@pytest.fixture(scope="session")
+def policy_bytes(mlp) -> bytes:
+    return export_policy_bytes(mlp, policy_version="test-1",
+                               metadata={"batchpilot.trained_on": "synthetic-poisson"})
+
+
+@pytest.fixture(scope="session")
+def policy_v2_bytes() -> bytes:
+    return export_policy_bytes(make_mlp(seed=1), policy_version="test-2")
+
+
+@pytest.fixture()
+def policy_dir(tmp_path: Path, policy_bytes: bytes, policy_v2_bytes: bytes) -> Path:
+    """A policy folder with policy.onnx (test-1) and policy-v2.onnx (test-2)."""
+    (tmp_path / "policy.onnx").write_bytes(policy_bytes)
+    (tmp_path / "policy-v2.onnx").write_bytes(policy_v2_bytes)
+    return tmp_path
+
+
+@pytest.fixture()
+def policy_path(policy_dir: Path) -> Path:
+    return policy_dir / "policy.onnx"

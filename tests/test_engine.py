@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import hand_profile, make_engine, random_workload
+from tests.engine_factory import hand_profile, make_engine, random_workload
 
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.profile import Profile

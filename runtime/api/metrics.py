@@ -1,0 +1,86 @@
+"""Prometheus metrics of one app, in the app's own registry (so that several apps, e.g. in tests,
+do not collide in the global one)."""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from runtime.decider.decision import SOURCES, Decision
+from runtime.decider.guard import GuardedDecider
+
+LATENCY_BUCKETS_S = (10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
+                     25e-3, 50e-3, 100e-3, 250e-3)
+"""Decision latency buckets: from a single decision (tens of microseconds) to a 4096 batch."""
+
+
+class _DeciderState(Collector):
+    """Gauges read from the decider when scraped: loaded policy, breaker state and trips."""
+
+    def __init__(self, decider: GuardedDecider) -> None:
+        self.decider = decider
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        d = self.decider
+        policy = d.policy
+        info = GaugeMetricFamily("batchpilot_policy_loaded",
+                                 "1 when an ONNX policy is loaded (labelled with its version)",
+                                 labels=["policy_version"])
+        info.add_metric([policy.policy_version if policy is not None else ""],
+                        1.0 if policy is not None else 0.0)
+        yield info
+        state = GaugeMetricFamily("batchpilot_breaker_state",
+                                  "1 for the circuit breaker's current state", labels=["state"])
+        for s in ("closed", "open", "half_open"):
+            state.add_metric([s], 1.0 if d.breaker.state == s else 0.0)
+        yield state
+        yield GaugeMetricFamily("batchpilot_breaker_trips",
+                                "times the breaker handed control to the PID since start",
+                                value=d.breaker.num_trips)
+
+
+class ServerMetrics:
+    """:param decider: the app's decider (its state is read at scrape time)"""
+
+    def __init__(self, decider: GuardedDecider) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter("batchpilot_decisions", "Decisions by route and source",
+                                 ["route", "source"], registry=r)
+        self.fallbacks = Counter("batchpilot_fallbacks",
+                                 "Decisions not made by the policy, by reason", ["reason"],
+                                 registry=r)
+        self.latency = Histogram("batchpilot_decision_seconds",
+                                 "Time to decide one request, from the validated observations to "
+                                 "the decisions (the batch route: the whole batch)",
+                                 ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.reloads = Counter("batchpilot_reloads", "Policy reloads by outcome (ok, or why the "
+                               "policy was refused)", ["outcome"], registry=r)
+        r.register(_DeciderState(decider))
+        # children bound once: labels() costs a dict lookup and a lock per call
+        self._by_source = {route: {s: self.decisions.labels(route, s) for s in SOURCES}
+                           for route in ("decide", "batch")}
+        self._latency = {route: self.latency.labels(route) for route in ("decide", "batch")}
+
+    def record(self, route: str, decision: Decision, seconds: float) -> None:
+        self._by_source[route][decision.source].inc()
+        if decision.reason is not None:
+            self.fallbacks.labels(decision.reason).inc()
+        self._latency[route].observe(seconds)
+
+    def record_batch(self, decisions: Iterable[Decision], seconds: float) -> None:
+        sources: Tally[str] = Tally()
+        reasons: Tally[str] = Tally()
+        for d in decisions:
+            sources[d.source] += 1
+            if d.reason is not None:
+                reasons[d.reason] += 1
+        for s, n in sources.items():
+            self._by_source["batch"][s].inc(n)
+        for reason, n in reasons.items():
+            self.fallbacks.labels(reason).inc(n)
+        self._latency["batch"].observe(seconds)

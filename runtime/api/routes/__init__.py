@@ -1,0 +1,1 @@
+"""Routes by topic: decisions, the policy, health."""

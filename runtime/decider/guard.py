@@ -1,0 +1,289 @@
+"""The guarded decider: the ONNX policy when it can be trusted, the PID when it cannot, and
+static knobs when not even the PID can read the observation.
+
+Per decision, in order:
+
+1. The observation must be a vector of ``OBS_DIM`` numbers, or the static knobs are used
+   (``bad input shape``): without the current knobs there is nothing the PID could move.
+2. A NaN or infinity anywhere sends the decision to the PID (``non-finite input``); the PID
+   reads eight fields and decides when those and the knobs are finite, else the static knobs.
+3. No loaded policy: the PID, with the reason the policy is missing (``model missing``,
+   ``model corrupt``, ``spec mismatch``, ``bad model signature``).
+4. The circuit breaker (:mod:`runtime.decider.breaker`) takes the interval's SLO attainment
+   and may keep the policy out (``circuit open``).
+5. The policy runs; an exception (``policy error``) or a NaN or infinite action
+   (``non-finite output``) sends the decision to the PID.
+6. Whoever decided, the change is clamped, in action coordinates, to ``max_step`` per decision
+   around the knobs the observation carries (the slew rate), and to [-1, 1] (the ranges); then
+   :func:`runtime.knobs.action_to_knobs` maps the action to knobs.
+
+``decide`` never raises: any exception becomes a PID or static decision whose ``reason`` says
+why, and the exception text is kept in ``last_error``.
+
+State. The knobs depend only on the observation (the PID is in velocity form and the slew is
+taken around the observation's knobs), so any replica answers any request. What persists in a
+process is the loaded policy and the circuit breaker (see its module for why one per process is
+right). Training should clamp the slew the same way (:func:`slew_limit`) so that the policy sees
+in production what it saw in training.
+
+Reload. The loaded policy and the reason for its absence are held in one tuple that a reload
+replaces in a single assignment, after the new policy has been read, checked and warmed. A
+decision reads that tuple once, so it runs wholly on the old policy or wholly on the new one; a
+failed reload leaves the old one in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from runtime.decider.breaker import CircuitBreaker
+from runtime.decider.decision import (
+    BAD_INPUT_SHAPE, CIRCUIT_OPEN, MODEL_MISSING, NON_FINITE_INPUT, NON_FINITE_OUTPUT, PID_FAILED,
+    POLICY_ERROR, Decision,
+)
+from runtime.decider.onnx_policy import OnnxPolicy, PolicyLoadError
+from runtime.decider.pid import PidController
+from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, Knobs, action_to_knobs, knobs_to_action
+from runtime.observation import OBS_DIM, OBSERVATION_FIELDS, OBSERVATION_INDEX, SPEC_VERSION
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_STEP = 0.5
+"""The slew rate: the most a knob may move in one decision, in action units (the action range
+[-1, 1] is 2 units wide). 0.5 lets the window move by at most 40^(1/4) = 2.5x, the chunk by
+256^(1/4) = 4x and the KV ratio by 0.1375 per decision: a policy can cross a knob's whole range
+in four decisions, but one bad answer cannot throw a knob from one end to the other."""
+
+_SHAPE = (OBS_DIM,)
+_ATTAINMENT = OBSERVATION_INDEX["slo_attainment"]
+_att_field = OBSERVATION_FIELDS[_ATTAINMENT]
+if _att_field.transform != "linear" or (_att_field.low, _att_field.high) != (0.0, 1.0):
+    raise ImportError("the breaker reads slo_attainment straight from the vector, which needs "
+                      f"a linear 0..1 transform; the spec has {_att_field}")
+
+
+def slew_limit(action: np.ndarray, current: np.ndarray, max_step: float) -> np.ndarray:
+    """Clamp ``action`` to ``current +- max_step`` and to [-1, 1], row by row (both ``[..., 3]``,
+    action coordinates). The decider applies this to every decision; training may call it to
+    act under the same limit."""
+    a = np.clip(action, current - max_step, current + max_step)
+    return np.clip(a, -1.0, 1.0)
+
+
+class GuardedDecider:
+    """Decides knobs from observations with the guard described in the module docstring.
+
+    :param policy: a loaded :class:`OnnxPolicy`, a path to load one from, or None (PID only)
+    :param pid: the fallback controller (default gains when None)
+    :param static_knobs: the last resort, when not even the PID can decide
+    :param max_step: the slew rate in action units per decision (see :data:`DEFAULT_MAX_STEP`);
+        2.0 or more leaves only the range clamp
+    :param breaker: the circuit breaker (a default one when None; ``CircuitBreaker(trip_after=0)``
+        disables it)
+    """
+
+    def __init__(self, policy: OnnxPolicy | str | Path | None = None, *,
+                 pid: PidController | None = None, static_knobs: Knobs = DEFAULT_KNOBS,
+                 max_step: float = DEFAULT_MAX_STEP, breaker: CircuitBreaker | None = None) -> None:
+        if not max_step > 0.0:
+            raise ValueError(f"max_step must be > 0 action units per decision, got {max_step}")
+        self.pid = pid if pid is not None else PidController()
+        self.static_knobs = static_knobs
+        self._static_action = knobs_to_action(static_knobs)
+        self.max_step = float(max_step)
+        self.breaker = breaker if breaker is not None else CircuitBreaker()
+        self._reload_lock = threading.Lock()
+        self.num_reloads = 0
+        self.num_failed_reloads = 0
+        self.last_error: str | None = None
+        """the latest exception or refusal, with its details (for ``GET /v1/policy``)"""
+        self.last_error_at: float | None = None
+        # (policy, reason it is absent): replaced whole by a reload, read once per decision
+        self._active: tuple[OnnxPolicy | None, str] = (None, MODEL_MISSING)
+        if isinstance(policy, OnnxPolicy):
+            self._active = (policy, MODEL_MISSING)
+        elif policy is not None:
+            try:
+                self._active = (OnnxPolicy.load(policy), MODEL_MISSING)
+            except PolicyLoadError as e:
+                self._active = (None, e.reason)
+                self._note_error(str(e))
+                log.warning("no policy, deciding with the PID: %s", e)
+
+    # ------------------------------------------------------------------ policy
+    @property
+    def policy(self) -> OnnxPolicy | None:
+        return self._active[0]
+
+    @property
+    def missing_reason(self) -> str | None:
+        """Why there is no policy (None when there is one)."""
+        policy, reason = self._active
+        return None if policy is not None else reason
+
+    def reload(self, path: str | Path) -> OnnxPolicy:
+        """Load the policy at ``path`` and, once it is checked and warmed, swap it in atomically
+        and reset the circuit breaker. On failure raise :class:`PolicyLoadError` and keep the
+        policy (or its absence) as it was."""
+        with self._reload_lock:  # two reloads at once: one after the other, the last one wins
+            try:
+                policy = OnnxPolicy.load(path)
+            except PolicyLoadError as e:
+                self.num_failed_reloads += 1
+                self._note_error(str(e))
+                raise
+            self._active = (policy, MODEL_MISSING)
+            self.breaker.reset()
+            self.num_reloads += 1
+            return policy
+
+    def _note_error(self, message: str) -> None:
+        self.last_error = message
+        self.last_error_at = time.time()
+
+    # ------------------------------------------------------------------ deciding
+    def decide(self, observation: np.ndarray) -> Decision:
+        """Knobs for the next interval from an observation vector (``runtime.observation``)."""
+        try:
+            return self._decide(observation)
+        except Exception as e:  # the last line of defence: never raise into the serving loop
+            self._note_error(f"decide: {type(e).__name__}: {e}")
+            return self._static(None, POLICY_ERROR, self._active[0])
+
+    def _decide(self, observation: np.ndarray) -> Decision:
+        policy, missing = self._active
+        if type(observation) is not np.ndarray:
+            observation = np.asarray(observation, dtype=np.float64)
+        if observation.shape != _SHAPE:
+            return self._static(None, BAD_INPUT_SHAPE, policy)
+        v = observation.tolist()
+        s = sum(v)
+        # NaN or an infinity somewhere (a float64 sum of 20 finite float32 values cannot overflow)
+        if s - s != 0.0:
+            return self._fallback(observation, v, NON_FINITE_INPUT, policy)
+        if policy is None:
+            return self._fallback(observation, v, missing, None)
+        breaker = self.breaker
+        if not breaker.allow_policy(v[_ATTAINMENT]):
+            return self._fallback(observation, v, CIRCUIT_OPEN, policy)
+        try:
+            a0, a1, a2 = policy.act(observation)
+        except Exception as e:
+            self._note_error(f"policy {policy.policy_version}: {type(e).__name__}: {e}")
+            return self._fallback(observation, v, POLICY_ERROR, policy)
+        if not math.isfinite(a0 + a1 + a2):
+            return self._fallback(observation, v, NON_FINITE_OUTPUT, policy)
+        breaker.decided(True)
+        return Decision(self._knobs(a0, a1, a2, v), "policy", SPEC_VERSION, policy.policy_version,
+                        None)
+
+    def _knobs(self, a0: float, a1: float, a2: float, v: list[float]) -> Knobs:
+        """Slew-limit the action around the observation's knobs, clamp it to the ranges, map it."""
+        step = self.max_step
+        c0, c1, c2 = v[-NUM_KNOBS:]
+        a0 = min(max(min(max(a0, c0 - step), c0 + step), -1.0), 1.0)
+        a1 = min(max(min(max(a1, c1 - step), c1 + step), -1.0), 1.0)
+        a2 = min(max(min(max(a2, c2 - step), c2 + step), -1.0), 1.0)
+        return action_to_knobs((a0, a1, a2))
+
+    def _fallback(self, observation: np.ndarray, v: list[float], reason: str,
+                  policy: OnnxPolicy | None) -> Decision:
+        """The PID's decision, or the static one when the PID cannot decide."""
+        self.breaker.decided(False)
+        version = policy.policy_version if policy is not None else None
+        try:
+            a0, a1, a2 = self.pid.action(observation)
+            if math.isfinite(a0 + a1 + a2):
+                return Decision(self._knobs(a0, a1, a2, v), "pid", SPEC_VERSION, version, reason)
+        except Exception as e:
+            self._note_error(f"pid: {type(e).__name__}: {e}")
+        return self._static(v, reason, policy)
+
+    def _static(self, v: list[float] | None, reason: str, policy: OnnxPolicy | None) -> Decision:
+        """The static knobs, slew-limited around the observation's knobs when they are finite."""
+        self.breaker.decided(False)
+        version = policy.policy_version if policy is not None else None
+        a0, a1, a2 = self._static_action
+        if v is not None and math.isfinite(sum(v[-NUM_KNOBS:])):
+            knobs = self._knobs(a0, a1, a2, v)
+        else:
+            knobs = self.static_knobs
+        return Decision(knobs, "static", SPEC_VERSION, version, reason + PID_FAILED)
+
+    def decide_batch(self, observations: np.ndarray) -> list[Decision]:
+        """Decisions for observations ``[n, OBS_DIM]``, in order, with the policy evaluated once on
+        the stacked rows. Each row is guarded as :meth:`decide` guards one, and the breaker sees
+        the rows in order. Raises ValueError for an array of another shape."""
+        x = np.asarray(observations, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != OBS_DIM:
+            raise ValueError(f"a batch of observations has shape [n, {OBS_DIM}], got "
+                             f"{list(x.shape)}")
+        n = len(x)
+        policy, missing = self._active
+        finite = np.isfinite(x).all(axis=1)
+        ok = np.zeros(n, dtype=bool)  # rows with a finite, slew-limited policy action
+        actions: list[list[float]] = []
+        failed = False
+        if policy is not None and n:
+            try:
+                raw = np.full((n, NUM_KNOBS), np.nan, dtype=np.float64)
+                if finite.all():
+                    raw[:] = policy.act_batch(x)
+                elif finite.any():
+                    raw[finite] = policy.act_batch(x[finite])
+                ok = np.isfinite(raw).all(axis=1)
+                actions = slew_limit(raw, x[:, -NUM_KNOBS:].astype(np.float64),
+                                     self.max_step).tolist()
+            except Exception as e:
+                failed = True
+                self._note_error(f"policy {policy.policy_version}: {type(e).__name__}: {e}")
+        finite_l = finite.tolist()
+        ok_l = ok.tolist()
+        attainment = x[:, _ATTAINMENT].tolist()
+        breaker = self.breaker
+        version = policy.policy_version if policy is not None else None
+        out: list[Decision] = []
+        for i in range(n):
+            try:
+                if not finite_l[i]:
+                    d = self._fallback(x[i], x[i].tolist(), NON_FINITE_INPUT, policy)
+                elif policy is None:
+                    d = self._fallback(x[i], x[i].tolist(), missing, None)
+                elif not breaker.allow_policy(attainment[i]):
+                    d = self._fallback(x[i], x[i].tolist(), CIRCUIT_OPEN, policy)
+                elif failed:
+                    d = self._fallback(x[i], x[i].tolist(), POLICY_ERROR, policy)
+                elif not ok_l[i]:
+                    d = self._fallback(x[i], x[i].tolist(), NON_FINITE_OUTPUT, policy)
+                else:
+                    breaker.decided(True)
+                    d = Decision(action_to_knobs(actions[i]), "policy", SPEC_VERSION, version,
+                                 None)
+            except Exception as e:
+                self._note_error(f"decide_batch row {i}: {type(e).__name__}: {e}")
+                d = self._static(None, POLICY_ERROR, policy)
+            out.append(d)
+        return out
+
+    def describe(self) -> dict:
+        """What ``GET /v1/policy`` shows: the policy (or why there is none), guard and breaker."""
+        policy, reason = self._active
+        return {
+            "loaded": policy is not None,
+            "policy": policy.describe() if policy is not None else None,
+            "missing_reason": None if policy is not None else reason,
+            "runtime_spec_version": SPEC_VERSION,
+            "max_step": self.max_step,
+            "static_knobs": self.static_knobs.as_dict(),
+            "breaker": self.breaker.describe(),
+            "num_reloads": self.num_reloads,
+            "num_failed_reloads": self.num_failed_reloads,
+            "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
+        }

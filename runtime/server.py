@@ -1,0 +1,114 @@
+"""The decision service: FastAPI over the guarded decider.
+
+Run it with ``python -m runtime.server``: it listens on ``BATCHPILOT_HOST:BATCHPILOT_PORT``
+(127.0.0.1:8000) and loads ``BATCHPILOT_POLICY_DIR/BATCHPILOT_POLICY_FILE``
+(``checkpoints/shipped/policy.onnx``), or decides with the PID alone when there is none. Routes,
+settings and metrics are described in ``docs/rest.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from pydantic import TypeAdapter
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from runtime.api.body_limit import BodySizeLimit
+from runtime.api.deps import Services
+from runtime.api.metrics import ServerMetrics
+from runtime.api.routes import decide, health, policy
+from runtime.api.schemas import BatchRequest
+from runtime.api.settings import Settings
+from runtime.decider.breaker import CircuitBreaker
+from runtime.decider.guard import GuardedDecider
+
+log = logging.getLogger("runtime.server")
+
+MAX_ERRORS_SHOWN = 20
+"""A 422 lists at most this many validation errors (a bad 4096-row batch could have 80,000)."""
+
+
+def decider_from_settings(settings: Settings) -> GuardedDecider:
+    breaker = CircuitBreaker(target=settings.breaker_target,
+                             trip_after=settings.breaker_trip_after,
+                             cooldown_s=settings.breaker_cooldown_s,
+                             close_after=settings.breaker_close_after)
+    return GuardedDecider(settings.policy_path, max_step=settings.max_step, breaker=breaker)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 body (``detail``: a list of ``loc``, ``msg``, ``type``), without echoing the
+    input back and cut to the first errors."""
+    errors = exc.errors()
+    detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+              for e in errors[:MAX_ERRORS_SHOWN]]
+    return JSONResponse({"detail": detail, "num_errors": len(errors)}, status_code=422)
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's OpenAPI document plus the schemas of the bodies that routes validate
+    themselves (the batch route parses its body with pydantic-core for speed)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
+                             routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        extra = TypeAdapter(BatchRequest).json_schema(
+            ref_template="#/components/schemas/{model}")
+        components.update(extra.pop("$defs", {}))
+        components["BatchRequest"] = extra
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def create_app(settings: Settings | None = None,
+               decider: GuardedDecider | None = None) -> FastAPI:
+    """The app.
+
+    :param settings: configuration (read from the environment when None)
+    :param decider: the decider to serve (built from ``settings`` when None)
+    """
+    settings = settings if settings is not None else Settings()
+    decider = decider if decider is not None else decider_from_settings(settings)
+    app = FastAPI(title="batchpilot decider",
+                  summary="Batching knobs for LLM serving from a learned policy with a PID "
+                          "fallback",
+                  version="1")
+    app.state.services = Services(settings, decider, ServerMetrics(decider))
+    app.include_router(decide.router)
+    app.include_router(policy.router)
+    app.include_router(health.router)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
+
+    @app.get("/metrics", tags=["health"], response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+    async def metrics() -> Response:
+        """Prometheus text format: decisions by source, latency, fallbacks, reloads, breaker."""
+        return Response(generate_latest(app.state.services.metrics.registry),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    app.openapi = lambda: _openapi(app)
+
+    policy_state = (f"policy {decider.policy.policy_version}" if decider.policy is not None
+                    else f"PID alone ({decider.missing_reason})")
+    log.info("decider ready: %s", policy_state)
+    return app
+
+
+def main() -> None:
+    import uvicorn
+
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level=settings.log_level, access_log=settings.access_log)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Small ONNX policies that follow the contract in ``runtime/decider/onnx_policy.py``, exported
+from torch MLPs, for the tests and for ``scripts/bench_decider.py`` when no shipped policy exists.
+
+The legacy (TorchScript) exporter is used because it exports one of these in ~0.1 s, against
+~7 s for the first ``dynamo=True`` export in a process; both give the same Gemm/Tanh/Clip graph.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import onnx
+import torch
+
+from runtime.knobs import NUM_KNOBS
+from runtime.observation import OBS_DIM, SPEC_VERSION
+
+OPSET = 17
+
+
+class _ActionPath(torch.nn.Module):
+    """The exported graph: MLP, then clip to [-1, 1]; ``nan_above`` makes the action NaN for
+    observations whose first entry exceeds it (a model that misbehaves on some inputs only)."""
+
+    def __init__(self, mlp: torch.nn.Module, nan_above: float | None) -> None:
+        super().__init__()
+        self.mlp = mlp
+        self.nan_above = nan_above
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        action = torch.clamp(self.mlp(obs), -1.0, 1.0)
+        if self.nan_above is not None:
+            # sqrt of a negative number is NaN, and NaN * 0 stays NaN
+            action = action + torch.sqrt(self.nan_above - obs[:, :1]) * 0.0
+        return action
+
+
+def make_mlp(obs_dim: int = OBS_DIM, hidden: Sequence[int] = (64, 64), seed: int = 0,
+             num_actions: int = NUM_KNOBS) -> torch.nn.Sequential:
+    """A tanh MLP shaped like the PPO policy's action path."""
+    torch.manual_seed(seed)
+    layers: list[torch.nn.Module] = []
+    width = obs_dim
+    for h in hidden:
+        layers += [torch.nn.Linear(width, h), torch.nn.Tanh()]
+        width = h
+    layers.append(torch.nn.Linear(width, num_actions))
+    return torch.nn.Sequential(*layers).eval()
+
+
+def export_policy_bytes(mlp: torch.nn.Module | None = None, *, obs_dim: int = OBS_DIM,
+                        spec_version: str | None = SPEC_VERSION,
+                        policy_version: str | None = "test-1",
+                        metadata: dict[str, str] | None = None, nan_above: float | None = None,
+                        input_name: str = "obs", output_name: str = "action",
+                        dynamic_batch: bool = True) -> bytes:
+    """An ONNX policy as bytes. ``spec_version=None`` or ``policy_version=None`` leave that
+    metadata out; the other arguments break the contract on purpose for the refusal tests."""
+    mlp = mlp if mlp is not None else make_mlp(obs_dim)
+    buf = io.BytesIO()
+    axes = {input_name: {0: "batch"}, output_name: {0: "batch"}} if dynamic_batch else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
+        torch.onnx.export(_ActionPath(mlp, nan_above), (torch.zeros(1, obs_dim),), buf,
+                          input_names=[input_name], output_names=[output_name],
+                          dynamic_axes=axes, opset_version=OPSET, dynamo=False)
+    model = onnx.load_from_string(buf.getvalue())
+    props = dict(metadata or {})
+    if spec_version is not None:
+        props["batchpilot.spec_version"] = spec_version
+    if policy_version is not None:
+        props["batchpilot.policy_version"] = policy_version
+    onnx.helper.set_model_props(model, props)
+    return model.SerializeToString()
+
+
+def write_policy(path: Path | str, mlp: torch.nn.Module | None = None, **kwargs) -> Path:
+    """Export a policy (see :func:`export_policy_bytes`) to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(export_policy_bytes(mlp, **kwargs))
+    return path

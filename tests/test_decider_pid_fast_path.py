@@ -1,0 +1,75 @@
+"""The PID fast path (``PidController.action``) against the original field-by-field computation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.decider.pid import PidController, PidGains
+from runtime.knobs import NUM_KNOBS, DEFAULT_KNOBS, action_to_knobs
+from runtime.observation import OBS_DIM, OBSERVATION_NAMES, fields_from_vector, vector_from_fields
+
+
+def reference_decide(pid: PidController, observation: np.ndarray):
+    """The controller as first written: every field through ``fields_from_vector``."""
+    f = fields_from_vector(observation)
+    g = pid.gains
+    u = np.asarray(observation, dtype=np.float64)[-NUM_KNOBS:].copy()
+    (e_w, e_w1), (e_c, e_c1), (e_k, e_k1) = pid.errors(f)
+    u[0] -= g.window_kp * (e_w - e_w1) + g.window_ki * e_w
+    u[1] -= g.chunk_kp * (e_c - e_c1) + g.chunk_ki * e_c
+    u[2] += g.kv_kp * (e_k - e_k1) + g.kv_ki * e_k
+    return action_to_knobs(np.clip(u, -1.0, 1.0))
+
+
+def outcome(fn, *args):
+    try:
+        return ("ok", fn(*args))
+    except ValueError as e:
+        return ("error", str(e))
+
+
+vector_entries = st.one_of(
+    st.floats(-1.0, 1.0, width=32),
+    st.floats(-3.0, 3.0, width=32),
+    st.sampled_from([math.nan, math.inf, -math.inf, 0.0, 1.0, -1.0]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(vector_entries, min_size=OBS_DIM, max_size=OBS_DIM),
+       st.sampled_from([PidGains(), PidGains(window_kp=0.7, chunk_ki=0.3, kv_kp=2.0, oom_push=0.1)]))
+def test_fast_path_matches_the_field_by_field_computation(values, gains):
+    pid = PidController(gains)
+    obs = np.asarray(values, dtype=np.float32)
+    assert outcome(pid.decide, obs) == outcome(reference_decide, pid, obs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.fixed_dictionaries({n: st.floats(0, 50, allow_nan=False) for n in OBSERVATION_NAMES[:-3]}),
+       st.floats(-1, 1), st.floats(-1, 1), st.floats(-1, 1))
+def test_fast_path_matches_on_observations_built_from_fields(raw, a0, a1, a2):
+    raw = dict(raw, arrival_rate_change_rps=raw["arrival_rate_change_rps"] - 25.0,
+               kv_utilization=raw["kv_utilization"] / 50, kv_fragmentation=raw["kv_fragmentation"] / 50,
+               slo_attainment=raw["slo_attainment"] / 50,
+               kv_utilization_prev=raw["kv_utilization_prev"] / 50)
+    raw.update(action_to_knobs((a0, a1, a2)).as_dict())
+    obs = vector_from_fields(raw)
+    pid = PidController()
+    assert pid.decide(obs) == reference_decide(pid, obs)
+
+
+def test_fast_path_refuses_a_wrong_shape_as_before():
+    with pytest.raises(ValueError, match=r"an observation has shape \(20,\), got \(1, 20\)"):
+        PidController().decide(np.zeros((1, OBS_DIM), dtype=np.float32))
+
+
+def test_fast_path_names_a_non_finite_knob():
+    obs = vector_from_fields({n: 0.0 for n in OBSERVATION_NAMES[:-3]} | DEFAULT_KNOBS.as_dict())
+    obs[-2] = np.inf
+    with pytest.raises(ValueError, match="prefill_chunk_tokens is not finite: inf"):
+        PidController().action(obs)

@@ -1,0 +1,48 @@
+"""vectors_from_rows: the batch twin of vector_from_fields."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from runtime.observation import (
+    OBS_DIM, OBSERVATION_FIELDS, OBSERVATION_NAMES, vector_from_fields, vectors_from_rows,
+)
+
+
+def field_values(f):
+    span = f.high - f.low
+    return st.one_of(st.floats(f.low - 0.1 * span, f.high + 0.1 * span),
+                     st.sampled_from([f.low, f.high, 0.0, -0.0, (f.low + f.high) / 2]),
+                     st.floats(-1e12, 1e12))
+
+
+rows_strategy = st.lists(st.tuples(*(field_values(f) for f in OBSERVATION_FIELDS)),
+                         min_size=1, max_size=8)
+
+
+@settings(max_examples=120, deadline=None)
+@given(rows_strategy)
+def test_matches_vector_from_fields_row_by_row(rows):
+    expected = np.stack([vector_from_fields(dict(zip(OBSERVATION_NAMES, r))) for r in rows])
+    got = vectors_from_rows(np.asarray(rows))
+    assert got.dtype == np.float32 and got.shape == (len(rows), OBS_DIM)
+    np.testing.assert_array_max_ulp(got, expected, maxulp=1)
+
+
+def test_knob_values_are_rounded_half_to_even_as_knobs_clamped_does():
+    row = [1.0] * (OBS_DIM - 3) + [12.5, 2056.0, 0.5]  # 12.5 ms -> 12; 2056 = 128.5 blocks -> 2048
+    np.testing.assert_array_equal(vectors_from_rows([row])[0],
+                                  vector_from_fields(dict(zip(OBSERVATION_NAMES, row))))
+
+
+def test_names_the_first_non_finite_field_and_row():
+    rows = np.ones((3, OBS_DIM))
+    rows[2, 5] = np.inf
+    rows[1, 7] = np.nan
+    with pytest.raises(ValueError, match="observation field 'kv_utilization' is not finite in row 1"):
+        vectors_from_rows(rows)
+    with pytest.raises(ValueError, match=r"have shape \[n, 20\], got \[20\]"):
+        vectors_from_rows(np.ones(OBS_DIM))

@@ -1,0 +1,266 @@
+"""The REST API through FastAPI's test client: decisions, validation, limits, reload, metrics."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # starlette's note about httpx in its test client
+    from fastapi.testclient import TestClient
+
+from runtime.api.settings import Settings
+from runtime.decider.breaker import CircuitBreaker
+from runtime.decider.guard import GuardedDecider
+from runtime.knobs import Knobs
+from runtime.observation import OBSERVATION_NAMES, SPEC_VERSION, vector_from_fields
+from runtime.server import create_app
+from tests.conftest import raw_fields
+from tests.policy_factory import export_policy_bytes
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+JSON = {"content-type": "application/json"}
+
+
+def make_client(policy_dir: Path, **overrides) -> TestClient:
+    params = dict(policy_dir=policy_dir, reload_token=TOKEN, breaker_trip_after=0)
+    params.update(overrides)
+    return TestClient(create_app(Settings(**params)))
+
+
+@pytest.fixture()
+def client(policy_dir) -> TestClient:
+    return make_client(policy_dir)
+
+
+def reference(policy_dir: Path, fields: dict) -> dict:
+    d = GuardedDecider(policy_dir / "policy.onnx", breaker=CircuitBreaker(trip_after=0))
+    return d.decide(vector_from_fields(fields)).as_dict()
+
+
+def post_raw(client: TestClient, path: str, payload) -> object:
+    """POST JSON that may hold NaN or Infinity (which httpx's json= refuses to encode)."""
+    return client.post(path, content=json.dumps(payload), headers=JSON)
+
+
+# ------------------------------------------------------------------------------------ decisions
+def test_decide_answers_what_the_in_process_decider_answers(client, policy_dir):
+    fields = raw_fields(Knobs(30.0, 1024, 0.7))
+    r = client.post("/v1/decide", json=fields)
+    assert r.status_code == 200
+    assert r.json() == reference(policy_dir, fields)
+    assert r.json()["source"] == "policy" and r.json()["spec_version"] == SPEC_VERSION
+
+
+def test_decide_accepts_the_fields_in_any_order_and_integers(client, policy_dir):
+    fields = raw_fields()
+    shuffled = {k: fields[k] for k in reversed(OBSERVATION_NAMES)}
+    shuffled["running_requests"] = 60  # an integer for a float field
+    r = client.post("/v1/decide", json=shuffled)
+    assert r.status_code == 200 and r.json() == reference(policy_dir, fields)
+
+
+def test_batch_answers_in_order_as_single_decisions_would(client, policy_dir):
+    rng = np.random.default_rng(3)
+    rows = [raw_fields(Knobs(float(rng.integers(5, 200)), 16 * int(rng.integers(4, 1024)),
+                             float(rng.uniform(0.4, 0.95))),
+                       arrival_rate_rps=float(rng.uniform(0, 300))) for _ in range(40)]
+    r = client.post("/v1/decide/batch", json={"observations": rows})
+    assert r.status_code == 200
+    assert r.json()["decisions"] == [reference(policy_dir, f) for f in rows]
+
+
+def test_batch_of_nothing_is_nothing(client):
+    r = client.post("/v1/decide/batch", json={"observations": []})
+    assert r.status_code == 200 and r.json() == {"decisions": []}
+
+
+def test_without_a_policy_the_pid_answers_and_readyz_says_so(tmp_path):
+    client = make_client(tmp_path)
+    r = client.post("/v1/decide", json=raw_fields())
+    assert (r.json()["source"], r.json()["reason"], r.json()["policy_version"]) == (
+        "pid", "model missing", None)
+    r = client.get("/readyz")
+    assert r.status_code == 200
+    assert r.json() == {"ready": True, "source": "pid", "policy_version": None,
+                        "reason": "model missing"}
+    strict = make_client(tmp_path, require_policy=True)
+    assert strict.get("/readyz").status_code == 503
+
+
+def test_readyz_and_healthz_with_a_policy(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"ready": True, "source": "policy",
+                                            "policy_version": "test-1", "reason": None}
+
+
+def test_readyz_reports_an_open_circuit(policy_dir):
+    client = make_client(policy_dir, breaker_trip_after=1, breaker_cooldown_s=3600)
+    for _ in range(3):
+        last = client.post("/v1/decide", json=raw_fields(slo_attainment=0.1)).json()
+    assert last["reason"] == "circuit open"
+    assert client.get("/readyz").json()["source"] == "pid"
+
+
+# ----------------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("change, loc, kind", [
+    (lambda f: f.pop("ooms"), ["body", "ooms"], "missing"),
+    (lambda f: f.update(queue_depth=3.0), ["body", "queue_depth"], "extra_forbidden"),
+    (lambda f: f.update(kv_utilization=float("nan")), ["body", "kv_utilization"], "finite_number"),
+    (lambda f: f.update(ttft_p99_ratio=float("inf")), ["body", "ttft_p99_ratio"], "finite_number"),
+    (lambda f: f.update(arrival_rate_rps="12"), ["body", "arrival_rate_rps"], "float_type"),
+    (lambda f: f.update(preemptions=True), ["body", "preemptions"], "float_type"),
+    (lambda f: f.update(waiting_requests=-1.0), ["body", "waiting_requests"], "greater_than_equal"),
+    (lambda f: f.update(slo_attainment=97.0), ["body", "slo_attainment"], "less_than_equal"),
+    (lambda f: f.update(batch_window_ms=1.0), ["body", "batch_window_ms"], "greater_than_equal"),
+    (lambda f: f.update(prefill_chunk_tokens=1e9), ["body", "prefill_chunk_tokens"],
+     "less_than_equal"),
+])
+def test_an_invalid_observation_gets_422_naming_the_field(client, change, loc, kind):
+    fields = raw_fields()
+    change(fields)
+    for path, expected_loc, payload in [
+            ("/v1/decide", loc, fields),
+            ("/v1/decide/batch", ["body", "observations", 1, *loc[1:]],
+             {"observations": [raw_fields(), fields]})]:
+        r = post_raw(client, path, payload)
+        assert r.status_code == 422, (path, r.text)
+        first = r.json()["detail"][0]
+        assert (first["loc"], first["type"]) == (expected_loc, kind), path
+
+
+def test_malformed_json_and_oversized_batches_get_422(client):
+    for path in ("/v1/decide", "/v1/decide/batch"):
+        r = client.post(path, content=b'{"arrival_rate_rps": ', headers=JSON)
+        assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid"
+    r = client.post("/v1/decide/batch", json={"observations": [raw_fields()] * 4097})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "observations"]
+    assert r.json()["detail"][0]["type"] == "too_long"
+
+
+def test_a_422_lists_at_most_twenty_errors_and_counts_them_all(client):
+    r = client.post("/v1/decide/batch", json={"observations": [{}] * 3})
+    assert r.status_code == 422
+    assert len(r.json()["detail"]) == 20 and r.json()["num_errors"] == 60
+    assert "input" not in r.json()["detail"][0]
+
+
+def test_a_body_over_the_limit_gets_413(policy_dir):
+    client = make_client(policy_dir, max_body_bytes=20_000)
+    body = json.dumps({"observations": [raw_fields()] * 60}).encode()
+    assert len(body) > 20_000
+    r = client.post("/v1/decide/batch", content=body, headers=JSON)
+    assert r.status_code == 413 and "exceeds the limit of 20000 bytes" in r.json()["detail"]
+
+    def chunks():  # no Content-Length: counted as it streams
+        for i in range(0, len(body), 4096):
+            yield body[i:i + 4096]
+
+    r = client.post("/v1/decide/batch", content=chunks(), headers=JSON)
+    assert r.status_code == 413
+    small = json.dumps({"observations": [raw_fields()] * 5}).encode()
+    assert client.post("/v1/decide/batch", content=small, headers=JSON).status_code == 200
+
+
+# ------------------------------------------------------------------------------------- reload
+def test_reload_needs_the_bearer_token(client):
+    body = {"name": "policy-v2.onnx"}
+    assert client.post("/v1/policy/reload", json=body).status_code == 401
+    r = client.post("/v1/policy/reload", json=body, headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    r = client.post("/v1/policy/reload", json=body, headers={"Authorization": f"Basic {TOKEN}"})
+    assert r.status_code == 401
+
+
+def test_reload_is_disabled_without_a_configured_token(policy_dir):
+    client = make_client(policy_dir, reload_token=None)
+    r = client.post("/v1/policy/reload", json={"name": "policy-v2.onnx"}, headers=AUTH)
+    assert r.status_code == 403 and "BATCHPILOT_RELOAD_TOKEN" in r.json()["detail"]
+
+
+def test_reload_swaps_the_policy(client):
+    r = client.post("/v1/policy/reload", json={"name": "policy-v2.onnx"}, headers=AUTH)
+    assert r.status_code == 200
+    assert r.json()["policy"]["policy_version"] == "test-2"
+    assert r.json()["policy"]["name"] == "policy-v2.onnx"
+    assert client.post("/v1/decide", json=raw_fields()).json()["policy_version"] == "test-2"
+
+
+@pytest.mark.parametrize("name", ["../policy.onnx", "/etc/passwd", "sub/policy.onnx",
+                                  ".hidden.onnx", "policy.onnx/..", "policy.txt", "", "..",
+                                  "policy.onnx\x00"])
+def test_reload_refuses_names_that_are_not_a_file_in_the_folder(client, name):
+    r = client.post("/v1/policy/reload", json={"name": name}, headers=AUTH)
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["body", "name"]
+
+
+def test_reload_refuses_a_symlink_that_leads_out_of_the_folder(client, policy_dir, tmp_path_factory):
+    outside = tmp_path_factory.mktemp("outside") / "evil.onnx"
+    outside.write_bytes((policy_dir / "policy-v2.onnx").read_bytes())
+    (policy_dir / "link.onnx").symlink_to(outside)
+    r = client.post("/v1/policy/reload", json={"name": "link.onnx"}, headers=AUTH)
+    assert r.status_code == 400 and "outside the policy folder" in r.json()["detail"]
+
+
+def test_a_failed_reload_keeps_the_old_policy_and_says_why(client, policy_dir):
+    r = client.post("/v1/policy/reload", json={"name": "absent.onnx"}, headers=AUTH)
+    assert r.status_code == 404
+    assert r.json()["detail"] == {"reason": "model missing", "message": "no policy file at "
+                                  "absent.onnx", "kept_policy_version": "test-1"}
+    (policy_dir / "old-spec.onnx").write_bytes(
+        export_policy_bytes(spec_version="batchpilot-spec/0+000000000000"))
+    r = client.post("/v1/policy/reload", json={"name": "old-spec.onnx"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"]["reason"] == "spec mismatch"
+    assert str(policy_dir) not in r.text
+    assert client.post("/v1/decide", json=raw_fields()).json()["policy_version"] == "test-1"
+    info = client.get("/v1/policy").json()
+    assert info["num_failed_reloads"] == 2 and "spec mismatch" in info["last_error"]
+
+
+# ------------------------------------------------------------------------------ policy, metrics
+def test_get_policy_shows_version_metadata_and_guard(client):
+    info = client.get("/v1/policy").json()
+    assert info["loaded"] and info["missing_reason"] is None
+    p = info["policy"]
+    assert p["name"] == "policy.onnx" and p["policy_version"] == "test-1"
+    assert p["metadata"]["batchpilot.trained_on"] == "synthetic-poisson"
+    assert p["providers"] == ["CPUExecutionProvider"] and len(p["sha256"]) == 64
+    assert info["runtime_spec_version"] == SPEC_VERSION and info["max_step"] == 0.5
+    assert info["breaker"]["enabled"] is False
+
+
+def test_metrics_count_decisions_fallbacks_latency_and_reloads(client, tmp_path_factory):
+    client.post("/v1/decide", json=raw_fields())
+    client.post("/v1/decide/batch", json={"observations": [raw_fields()] * 3})
+    client.post("/v1/policy/reload", json={"name": "absent.onnx"}, headers=AUTH)
+    client.post("/v1/policy/reload", json={"name": "policy-v2.onnx"}, headers=AUTH)
+    pid_only = make_client(tmp_path_factory.mktemp("empty"))
+    pid_only.post("/v1/decide", json=raw_fields())
+    text = client.get("/metrics").text
+    assert 'batchpilot_decisions_total{route="decide",source="policy"} 1.0' in text
+    assert 'batchpilot_decisions_total{route="batch",source="policy"} 3.0' in text
+    assert 'batchpilot_decision_seconds_count{route="decide"} 1.0' in text
+    assert 'batchpilot_reloads_total{outcome="model missing"} 1.0' in text
+    assert 'batchpilot_reloads_total{outcome="ok"} 1.0' in text
+    assert 'batchpilot_policy_loaded{policy_version="test-2"} 1.0' in text
+    assert 'batchpilot_breaker_state{state="closed"} 1.0' in text
+    other = pid_only.get("/metrics").text  # a registry of its own
+    assert 'batchpilot_fallbacks_total{reason="model missing"} 1.0' in other
+    assert 'batchpilot_decisions_total{route="decide",source="policy"} 0.0' in other
+
+
+def test_the_openapi_document_describes_the_batch_body(client):
+    doc = client.get("/openapi.json").json()
+    body = doc["paths"]["/v1/decide/batch"]["post"]["requestBody"]
+    assert body["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/BatchRequest"}
+    obs = doc["components"]["schemas"]["Observation"]
+    assert list(obs["properties"]) == list(OBSERVATION_NAMES)
+    assert obs["properties"]["kv_utilization"]["unit"] == "fraction"
