@@ -117,7 +117,7 @@ def action_to_knobs(action) -> Knobs:
     for a, (low, high, is_log, log_low, log_span, step) in zip(values, _SCALES):
         a = float(a)
         if not math.isfinite(a):
-            raise ValueError(f"action component {len(out)} is not finite: {a!r}")
+            raise ValueError(f"action component for {KNOB_NAMES[len(out)]} is not finite: {a!r}")
         u = (min(max(a, -1.0), 1.0) + 1.0) * 0.5
         v = math.exp(log_low + u * log_span) if is_log else low + u * (high - low)
         if step:
