@@ -70,9 +70,10 @@ def prefill(ex: TorchExecutor, chunks: list[tuple[Request, int]]) -> None:
 
 
 # ---------------------------------------------------------------------- attention
-def test_paged_attention_matches_dense_reference_across_slabs():
+@pytest.mark.parametrize("attention", ["matmul", "sdpa"])
+def test_paged_attention_matches_dense_reference_across_slabs(attention):
     # slabs of 5 blocks and scattered block tables: gathers and writes cross slab boundaries
-    ex = make_executor(slab_blocks=5)
+    ex = make_executor(slab_blocks=5, decode_attention=attention)
     ex.resize_kv(80, {})
     pool = BlockPool(80)
     reqs = [scattered_request(pool, i, p, p + 12) for i, p in enumerate((37, 16, 70))]
@@ -127,13 +128,14 @@ def test_chunked_prefill_equals_unchunked():
         used, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("attention", ["matmul", "sdpa"])
 @pytest.mark.parametrize("gather_bytes", [None, 8 * 1024])
-def test_batched_decode_equals_one_request_at_a_time(gather_bytes):
+def test_batched_decode_equals_one_request_at_a_time(gather_bytes, attention):
     # 8 KiB per layer gathers one block of one sequence: one group per decode row
     lengths = (5, 40, 17, 64, 33)
     outs = []
     for batched in (True, False):
-        ex = make_executor(decode_gather_bytes=gather_bytes)
+        ex = make_executor(decode_gather_bytes=gather_bytes, decode_attention=attention)
         ex.resize_kv(128, {})
         pool = BlockPool(128)
         reqs = [scattered_request(pool, i, p, p + 8) for i, p in enumerate(lengths)]

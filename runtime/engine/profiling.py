@@ -148,35 +148,38 @@ def default_grid(max_context: int, num_blocks: int, block_size: int, *,
 
 
 def measure(executor: Executor, points: Sequence[GridPoint], num_blocks: int, block_size: int,
-            kv_cache_ratio: float, *, repeats: int = 5, warmup: int = 1,
+            kv_cache_ratio: float, *, repeats: int = 5, warmup: int = 1, seed: int = 0,
             progress: bool = False) -> tuple[list[Measurement], list[str]]:
-    """Time every point ``warmup + repeats`` times (the same batch each time: KV values do not
-    change timing). Returns the measurements and a note for each point that was skipped because
-    the executor reported it out of memory."""
+    """Time every point ``repeats`` times after ``warmup`` untimed passes (the same batch each
+    time: KV values do not change timing). Each pass visits the points in a fresh random order,
+    so that slow drifts of a shared machine (another tenant, clock changes) spread over all
+    points instead of biasing a run of neighbours. Returns the measurements and a note for each
+    point skipped because the executor reported it out of memory."""
     synth = SyntheticRequests(num_blocks, block_size)
-    out: list[Measurement] = []
-    skipped: list[str] = []
-    for i, p in enumerate(points):
+    batches = []
+    for p in points:
         batch = make_batch([synth.decode(p.decode_context) for _ in range(p.decode_seqs)],
                            [synth.prefill(s, n) for s, n in p.prefills])
-        times = []
-        oom = False
-        for k in range(warmup + repeats):
-            res = executor.execute(batch, kv_cache_ratio)
+        batches.append(batch)
+        synth.release(batch)  # blocks are shared between points: only one runs at a time
+    times: list[list[float]] = [[] for _ in points]
+    oom = [False] * len(points)
+    rng = np.random.default_rng(seed)
+    for k in range(warmup + repeats):
+        for i in rng.permutation(len(points)):
+            if oom[i]:
+                continue
+            res = executor.execute(batches[i], kv_cache_ratio)
             if res.oom:
-                oom = True
-                break
-            if k >= warmup:
-                times.append(res.duration_s)
-        synth.release(batch)
-        if oom:
-            skipped.append(f"{p.label()}: out of memory")
-            continue
-        m = Measurement(p, batch_features(batch), times, batch.num_tokens)
-        out.append(m)
+                oom[i] = True
+            elif k >= warmup:
+                times[i].append(res.duration_s)
         if progress:
-            print(f"  [{i + 1}/{len(points)}] {p.label():40s} {m.median_s * 1e3:9.3f} ms",
+            print(f"  pass {k + 1}/{warmup + repeats}{' (warm-up)' if k < warmup else ''}",
                   flush=True)
+    out = [Measurement(p, batch_features(b), t, b.num_tokens)
+           for p, b, t, o in zip(points, batches, times, oom) if not o]
+    skipped = [f"{p.label()}: out of memory" for p, o in zip(points, oom) if o]
     return out, skipped
 
 

@@ -51,6 +51,10 @@ MAX_SLABS = 8
 and a resize reallocates at most one slab's worth"""
 
 
+DEFAULT_BUDGET_GIB = {"tiny": 0.25, "llama2-7b": 40.0}
+"""the memory budget of each named shape: the CPU test fixture, and DESIGN.md's H200 setting"""
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -73,6 +77,8 @@ class TorchExecutor:
     :param cap_process_memory: cap the CUDA allocator at the budget, so the budget is real
         (default on CUDA)
     :param keep_logits: keep the last logits of every request (for tests; costs a host copy)
+    :param decode_attention: ``"sdpa"`` or ``"matmul"`` (default: sdpa on CUDA, matmul on the
+        CPU; see :class:`LlamaModel`)
     """
 
     def __init__(self, model_config: LlamaConfig, *, budget_bytes: int,
@@ -81,7 +87,8 @@ class TorchExecutor:
                  slab_blocks: int | None = None, decode_gather_bytes: int | None = None,
                  max_num_seqs: int = 256, act_fixed_bytes: int | None = None,
                  act_bytes_per_token: int | None = None, measure_activations: bool | None = None,
-                 cap_process_memory: bool | None = None, keep_logits: bool = False) -> None:
+                 cap_process_memory: bool | None = None, keep_logits: bool = False,
+                 decode_attention: str | None = None) -> None:
         self.device = torch.device(device) if device is not None else default_device()
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' was asked for, but torch sees no CUDA device "
@@ -92,7 +99,8 @@ class TorchExecutor:
         self.block_size = block_size
         self.keep_logits = keep_logits
         self.max_num_seqs = max_num_seqs
-        self.model = LlamaModel(model_config, self.device, self.dtype, seed=seed)
+        self.model = LlamaModel(model_config, self.device, self.dtype, seed=seed,
+                                decode_attention=decode_attention)
         if checkpoint is not None:
             load_safetensors(self.model, checkpoint)
         self.checkpoint = checkpoint
@@ -109,6 +117,8 @@ class TorchExecutor:
         kv_layer_block = kv_per_token // model_config.num_layers * block_size
         self.decode_gather_bytes = (decode_gather_bytes if decode_gather_bytes is not None else
                                     int(min(256 * MIB, max(64 * 1024, 0.01 * free))))
+        # (1% of the memory after weights keeps two gathers well inside the 5% workspace the
+        # highest ratio leaves)
         if self.decode_gather_bytes < kv_layer_block:
             raise ValueError(f"decode_gather_bytes={self.decode_gather_bytes} cannot hold one "
                              f"block of one layer ({kv_layer_block} bytes)")
@@ -134,6 +144,17 @@ class TorchExecutor:
         self.last_logits: dict[int, torch.Tensor] = {}
         self.num_real_ooms = 0
         self.num_budget_ooms = 0
+
+    @classmethod
+    def for_shape(cls, shape: str, device: str | None = None, budget_gib: float | None = None,
+                  **kw) -> "TorchExecutor":
+        """An executor for a named shape (``tiny`` or ``llama2-7b``) with its default budget
+        (0.25 GiB for tiny, 40 GiB for llama2-7b); other keywords go to the constructor."""
+        from runtime.engine.torch_model import SHAPES
+        if shape not in SHAPES:
+            raise ValueError(f"unknown shape {shape!r} (known: {sorted(SHAPES)})")
+        gib = budget_gib if budget_gib is not None else DEFAULT_BUDGET_GIB[shape]
+        return cls(SHAPES[shape], budget_bytes=int(gib * 1024 ** 3), device=device, **kw)
 
     # ------------------------------------------------------------------ memory
     def _estimate_activations(self) -> tuple[int, int]:

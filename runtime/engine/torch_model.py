@@ -171,12 +171,21 @@ class LlamaModel(nn.Module):
     :param device: where the weights live
     :param dtype: the weight and activation dtype (bf16 on CUDA, fp32 on the CPU)
     :param seed: seed of the random weights
+    :param decode_attention: ``"sdpa"`` (fused kernels; the CUDA default) or ``"matmul"``
+        (explicit batched GEMVs; the CPU default, where it is faster)
     """
 
     def __init__(self, cfg: LlamaConfig, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+                 dtype: torch.dtype = torch.float32, seed: int = 0,
+                 decode_attention: str | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        if decode_attention is None:
+            decode_attention = "sdpa" if torch.device(device).type == "cuda" else "matmul"
+        if decode_attention not in ("sdpa", "matmul"):
+            raise ValueError(f"decode_attention must be 'sdpa' or 'matmul', "
+                             f"got {decode_attention!r}")
+        self.decode_attention = decode_attention
         device = torch.device(device)
         self.device, self.dtype = device, dtype
         self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, device=device,
@@ -261,7 +270,14 @@ class LlamaModel(nn.Module):
             kk = blocks[:, :, 0].transpose(1, 2)  # [n, kv_heads, ctx, hd]
             vv = blocks[:, :, 1].transpose(1, 2)
             qq = q[g.start:g.stop].view(n, nkv, group, hd)
-            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=g.mask)
+            if self.decode_attention == "sdpa":
+                o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=g.mask)
+            else:
+                # Plain batched GEMVs: for a handful of query rows per sequence this beats the
+                # CPU's flash kernel (which tiles for long queries) several times over.
+                scores = torch.matmul(qq, kk.transpose(-1, -2)) * (1.0 / math.sqrt(hd))
+                scores = scores.masked_fill(~g.mask, float("-inf"))
+                o = torch.matmul(scores.softmax(-1), vv)
             out[g.start:g.stop] = o.reshape(n, nh, hd)
         # Prefill chunks: causal attention over the request's earlier KV (from the cache) and the
         # chunk's own tokens, bottom-right aligned. A chunk with no earlier KV attends to the
