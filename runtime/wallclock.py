@@ -28,6 +28,7 @@ import numpy as np
 
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.executor import Batch, DecodeCost, Executor, IterationResult
+from runtime.gc_pause import gc_paused
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 from runtime.observation import FeatureBuilder
 
@@ -43,6 +44,12 @@ class WallClockExecutor:
         self.memory = inner.memory
         self._engine: Engine | None = None
         self._t0 = 0.0
+        self.lag_s = 0.0
+        """wall time charged beyond the executor's own measurement (scheduler work between
+        iterations, wake-up latency), summed"""
+        self.num_calls = 0
+        self.iteration_lags: list[float] = []
+        """that extra time for every ``execute`` call, in order"""
 
     def bind(self, engine: Engine, t0: float) -> None:
         """From now on, report durations against ``engine.now`` with time 0 at ``t0``
@@ -58,55 +65,22 @@ class WallClockExecutor:
             return measured
         # The engine is behind the wall clock by its own overhead since the last iteration (or
         # a wake-up's latency); charging it keeps ``now`` on the wall clock.
-        return max(measured, self.elapsed() - self._engine.now)
+        synced = max(measured, self.elapsed() - self._engine.now)
+        self.lag_s += synced - measured
+        self.num_calls += 1
+        return synced
 
     def execute(self, batch: Batch, kv_cache_ratio: float) -> IterationResult:
         res = self.inner.execute(batch, kv_cache_ratio)
-        return IterationResult(self._synced(res.duration_s), res.oom)
+        synced = self._synced(res.duration_s)
+        self.iteration_lags.append(synced - res.duration_s)
+        return IterationResult(synced, res.oom)
 
     def resize_kv(self, num_blocks: int, moves: dict[int, int]) -> float:
         return self._synced(self.inner.resize_kv(num_blocks, moves))
 
     def decode_cost(self) -> DecodeCost | None:
         return None
-
-
-@dataclass(frozen=True, slots=True)
-class IterationRecord:
-    """One executed iteration: the batch aggregates and the executor's own measured time."""
-
-    prefill_tokens: int
-    prefill_attn_pairs: int
-    decode_seqs: int
-    decode_ctx_tokens: int
-    prefill_chunks: int
-    duration_s: float
-    oom: bool
-
-
-class RecordingExecutor:
-    """Wraps an executor and records every iteration (for fidelity checks).
-
-    :param inner: the executor to record
-    """
-
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
-        self.memory = inner.memory
-        self.records: list[IterationRecord] = []
-
-    def execute(self, batch: Batch, kv_cache_ratio: float) -> IterationResult:
-        res = self.inner.execute(batch, kv_cache_ratio)
-        self.records.append(IterationRecord(batch.prefill_tokens, batch.prefill_attn_pairs,
-                                            len(batch.decodes), batch.decode_ctx_tokens,
-                                            len(batch.prefills), res.duration_s, res.oom))
-        return res
-
-    def resize_kv(self, num_blocks: int, moves: dict[int, int]) -> float:
-        return self.inner.resize_kv(num_blocks, moves)
-
-    def decode_cost(self) -> DecodeCost | None:
-        return self.inner.decode_cost()
 
 
 @dataclass
@@ -117,6 +91,8 @@ class ReplayResult:
     """per decision interval: time, arrivals, completions, attainment, knobs, decision time"""
     requests: list[dict[str, Any]] = field(default_factory=list)
     """per request: arrival, TTFT, TPOT, met (for comparing replays request by request)"""
+    iteration_lags: list[float] = field(default_factory=list)
+    """wall-clock mode: per ``execute`` call, the wall time beyond the executor's measurement"""
 
 
 class Decider(Protocol):
@@ -188,30 +164,35 @@ def replay(executor: Executor, arrival_s: Sequence[float], prompt_tokens: Sequen
         while next_decision <= eng.now:
             next_decision += interval_s
 
-    while eng.has_work() and eng.now < max_s:
-        if eng.now >= next_decision:
-            decide()
-            continue
-        if wall is None:
-            eng.run_until(min(next_decision, max_s))
-            continue
-        if not eng.running:
-            # idle: sleep until something can happen (an arrival, a window, a decision)
-            wake = min(next_decision, max_s)
-            i = bisect.bisect_right(arrivals, eng.now)
-            if i < len(arrivals):
-                wake = min(wake, arrivals[i])
-            if eng.waiting:
-                wake = min(wake, eng.waiting[0].arrival_s + eng.knobs.batch_window_ms * 1e-3)
-            delay = wake - wall.elapsed()
-            if delay > 0:
-                time.sleep(delay)
-        eng.run_until(min(wall.elapsed(), next_decision, max_s))
+    with gc_paused():  # collector pauses would land in iteration times (see runtime.gc_pause)
+        while eng.has_work() and eng.now < max_s:
+            if eng.now >= next_decision:
+                decide()
+                continue
+            if wall is None:
+                eng.run_until(min(next_decision, max_s))
+                continue
+            if not eng.running:
+                # idle: sleep until something can happen (an arrival, a window, a decision)
+                wake = min(next_decision, max_s)
+                i = bisect.bisect_right(arrivals, eng.now)
+                if i < len(arrivals):
+                    wake = min(wake, arrivals[i])
+                if eng.waiting:
+                    wake = min(wake, eng.waiting[0].arrival_s
+                               + eng.knobs.batch_window_ms * 1e-3)
+                delay = wake - wall.elapsed()
+                if delay > 0:
+                    time.sleep(delay)
+            eng.run_until(min(wall.elapsed(), next_decision, max_s))
     if eng.has_work():
         eng.abort_all()
     wall_s = time.perf_counter() - t0
     summary = {**eng.summary().as_dict(), "wall_s": wall_s,
                "controller": getattr(controller, "name", "none"), "realtime": realtime}
+    if wall is not None:
+        summary["lag_per_call_s"] = wall.lag_s / max(1, wall.num_calls)
     reqs = [{"id": r.req_id, "arrival_s": r.arrival_s, "ttft_s": r.ttft_s, "tpot_s": r.tpot_s,
              "met": r.meets_slo(), "preemptions": r.num_preemptions} for r in eng.requests]
-    return ReplayResult(summary, intervals, reqs)
+    return ReplayResult(summary, intervals, reqs,
+                        list(wall.iteration_lags) if wall is not None else [])

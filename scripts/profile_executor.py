@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from runtime.engine.executor import GIB  # noqa: E402
 from runtime.engine.profile import CostModel, Profile  # noqa: E402
@@ -35,6 +36,7 @@ from runtime.engine.profiling import (Measurement, default_grid, fit_with_holdou
                                       make_batch, measure, nnls, SyntheticRequests)
 from runtime.engine.torch_executor import DEFAULT_BUDGET_GIB, TorchExecutor  # noqa: E402
 from runtime.engine.torch_model import SHAPES, LlamaConfig  # noqa: E402
+from steady_cpu import steady_allocator  # noqa: E402
 
 MIB = 1024 ** 2
 PROFILE_RATIO = 0.9
@@ -194,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    steady_allocator()
     cfg: LlamaConfig = SHAPES[args.shape]
     budget_gib = args.budget_gib if args.budget_gib is not None else DEFAULT_BUDGET_GIB[args.shape]
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 7)

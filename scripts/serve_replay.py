@@ -30,6 +30,7 @@ from runtime.engine.profile import Profile  # noqa: E402
 from runtime.engine.slo import SloTarget  # noqa: E402
 from runtime.knobs import Knobs  # noqa: E402
 from runtime.wallclock import ReplayResult, replay  # noqa: E402
+from steady_cpu import steady_allocator  # noqa: E402
 from trace_window import Window, poisson_window, read_csv_window  # noqa: E402
 
 # Defaults sized for the CPU tiny shape (an iteration takes a few milliseconds): targets that
@@ -101,6 +102,7 @@ def build_torch_executor(args: argparse.Namespace, **kw):
     from runtime.engine.torch_executor import TorchExecutor
 
     torch.set_num_threads(args.threads)
+    steady_allocator()  # the same allocator settings the profile was measured under
     return TorchExecutor.for_shape(args.shape, device=args.device, budget_gib=args.budget_gib,
                                    checkpoint=args.checkpoint, max_num_seqs=args.max_num_seqs,
                                    **kw)

@@ -22,6 +22,7 @@ import numpy as np
 
 from runtime.engine.block_pool import BlockPool
 from runtime.engine.executor import Batch, Executor
+from runtime.gc_pause import gc_paused
 from runtime.engine.profile import CostModel
 from runtime.engine.request import Request, Status
 
@@ -165,6 +166,18 @@ def measure(executor: Executor, points: Sequence[GridPoint], num_blocks: int, bl
     times: list[list[float]] = [[] for _ in points]
     oom = [False] * len(points)
     rng = np.random.default_rng(seed)
+    with gc_paused():
+        _passes(executor, batches, times, oom, kv_cache_ratio, warmup, repeats, rng, progress)
+    out = [Measurement(p, batch_features(b), t, b.num_tokens)
+           for p, b, t, o in zip(points, batches, times, oom) if not o]
+    skipped = [f"{p.label()}: out of memory" for p, o in zip(points, oom) if o]
+    return out, skipped
+
+
+def _passes(executor: Executor, batches: list[Batch], times: list[list[float]], oom: list[bool],
+            kv_cache_ratio: float, warmup: int, repeats: int, rng: np.random.Generator,
+            progress: bool) -> None:
+    points = batches
     for k in range(warmup + repeats):
         for i in rng.permutation(len(points)):
             if oom[i]:
@@ -177,10 +190,6 @@ def measure(executor: Executor, points: Sequence[GridPoint], num_blocks: int, bl
         if progress:
             print(f"  pass {k + 1}/{warmup + repeats}{' (warm-up)' if k < warmup else ''}",
                   flush=True)
-    out = [Measurement(p, batch_features(b), t, b.num_tokens)
-           for p, b, t, o in zip(points, batches, times, oom) if not o]
-    skipped = [f"{p.label()}: out of memory" for p, o in zip(points, oom) if o]
-    return out, skipped
 
 
 # ---------------------------------------------------------------------- fitting
@@ -213,16 +222,28 @@ def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12, max_iter: int = 200) 
     return x
 
 
-def fit_cost_model(features: np.ndarray, times_s: np.ndarray) -> CostModel:
-    """Fit the cost model's five coefficients (all >= 0) minimising squared relative error."""
+def fit_cost_model(features: np.ndarray, times_s: np.ndarray,
+                   weights: np.ndarray | None = None) -> CostModel:
+    """Fit the cost model's five coefficients (all >= 0) minimising (weighted) squared relative
+    error. ``features`` rows are ``[1, prefill tokens, attention pairs, decode seqs, decode
+    context tokens]``."""
     if features.shape[0] < features.shape[1]:
         raise ValueError(f"{features.shape[0]} measurements cannot fit {features.shape[1]} "
                          "coefficients")
     a = features / times_s[:, None]
+    b = np.ones(len(times_s))
+    if weights is not None:
+        w = np.sqrt(np.asarray(weights, dtype=np.float64))
+        a, b = a * w[:, None], b * w
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0  # a feature absent from the grid keeps coefficient 0
-    coef = nnls(a / scale, np.ones(len(times_s))) / scale
+    coef = nnls(a / scale, b) / scale
     return CostModel(*(float(c) for c in coef))
+
+
+def balanced_weights(*group_sizes: int) -> np.ndarray:
+    """Row weights giving each group (e.g. grid points, replay iterations) the same total."""
+    return np.concatenate([np.full(n, 1.0 / n) for n in group_sizes if n])
 
 
 def predict(cost: CostModel, features: np.ndarray) -> np.ndarray:

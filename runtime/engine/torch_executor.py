@@ -74,8 +74,8 @@ class TorchExecutor:
     :param act_fixed_bytes: override the fixed activation workspace estimate
     :param act_bytes_per_token: override the per-token activation estimate
     :param measure_activations: measure the per-token activation bytes on CUDA (default on CUDA)
-    :param cap_process_memory: cap the CUDA allocator at the budget, so the budget is real
-        (default on CUDA)
+    :param cap_process_memory: cap the CUDA allocator at the budget (plus one slab, the
+        transient of a resize), so the budget is real (default on CUDA)
     :param keep_logits: keep the last logits of every request (for tests; costs a host copy)
     :param decode_attention: ``"sdpa"`` or ``"matmul"`` (default: sdpa on CUDA, matmul on the
         CPU; see :class:`LlamaModel`)
@@ -138,9 +138,11 @@ class TorchExecutor:
                                model_config.head_dim, block_size, slab_blocks, self.device,
                                self.dtype)
         if on_cuda and (cap_process_memory if cap_process_memory is not None else True):
+            # The cap leaves room for one slab more than the budget: growing or cutting the last
+            # slab holds its old and new copies for a moment (and 256 MiB for CUDA's workspaces).
             total = torch.cuda.get_device_properties(self.device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, budget_bytes / total),
-                                                       self.device)
+            cap = budget_bytes + slab_blocks * self.memory.kv_block_bytes + 256 * MIB
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), self.device)
         self.last_logits: dict[int, torch.Tensor] = {}
         self.num_real_ooms = 0
         self.num_budget_ooms = 0
