@@ -4,7 +4,8 @@
 #
 #   bash scripts/gpu_check.sh OUTDIR
 #
-# DEVICE, SHAPE, BUDGET_GIB, PYTHON override the defaults (cuda, llama2-7b, 40, python); the
+# DEVICE, SHAPE, BUDGET_GIB, PYTHON override the defaults (cuda, llama2-7b, 40, python), and for
+# the tiny shape CAL, DUR, REPLAY the calibration, fidelity and replay seconds; the
 # CPU dry run the tests do is  DEVICE=cpu SHAPE=tiny BUDGET_GIB=0.25 bash scripts/gpu_check.sh D
 set -euo pipefail
 
@@ -35,7 +36,8 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to OUT/NAME.log
 }
 
 if [[ $SHAPE == tiny ]]; then
-  RATE=${RATE:-20}; SLO_ARGS=(); CHUNK=512; CAL=10; DUR=15; REPLAY=10
+  RATE=${RATE:-20}; SLO_ARGS=(); CHUNK=512; CAL=${CAL:-10}; DUR=${DUR:-15}
+  REPLAY=${REPLAY:-10}
 else
   # Llama-2-7B on an H200: a decode step is ~10 ms, a 2048-token prefill ~50 ms. 6 req/s of
   # ~200-token prompts and ~128-token outputs keeps about 20-40 sequences running.

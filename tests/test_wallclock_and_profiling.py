@@ -88,7 +88,7 @@ def test_wall_clock_replay_follows_the_wall_clock():
 def test_gpu_check_dry_run_on_the_cpu(tmp_path):
     pytest.importorskip("torch")
     env = {**os.environ, "DEVICE": "cpu", "SHAPE": "tiny", "BUDGET_GIB": "0.25",
-           "PYTHON": sys.executable}
+           "PYTHON": sys.executable, "CAL": "3", "DUR": "5", "REPLAY": "3"}
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -99,3 +99,24 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path):
     prof = Profile.load(next(tmp_path.glob("*-measured.json")))
     assert prof.kind == "measured" and "heldout_rel_err_median" in prof.fit
     assert json.loads((tmp_path / "serve_replay.json").read_text())["summary"]["finished"] > 0
+
+
+def test_make_executor_by_name():
+    from runtime.engine.factory import make_executor
+    assert isinstance(make_executor("sim"), SimulatedExecutor)
+    with pytest.raises(ValueError, match=r"executor must be one of \('sim', 'torch'\), got 'gpu'"):
+        make_executor("gpu")
+    pytest.importorskip("torch")
+    ex = make_executor("torch", shape="tiny", device="cpu")
+    assert ex.decode_cost() is None and ex.memory.block_size == 16
+
+
+def test_runtime_imports_without_torch_outside_the_torch_executor():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import runtime.engine.engine, runtime.engine.factory, runtime.engine.profiling, "
+            "runtime.engine.recording, runtime.wallclock\n"
+            "from runtime.engine.factory import make_executor; make_executor('sim')\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "ok", out.stderr
