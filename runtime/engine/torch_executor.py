@@ -1,0 +1,340 @@
+"""The torch executor: a real Llama-architecture decoder over a paged KV cache.
+
+Every engine iteration is one packed forward pass: the decode tokens (one per running request)
+and the prefill chunks go through every GEMM together; attention reads each request's KV through
+its block table (``Request.block_ids``). Decodes are attended in a few length-sorted groups with a
+length mask (no loop over sequences); prefill chunks, a few per iteration, one call each.
+
+Memory. The executor plans with a :class:`MemoryModel` like the simulator's: a budget (40 GiB for
+the default shape on an H200; a few hundred MiB for the CPU tiny shape), the real weight bytes,
+the KV bytes per token of the model, and an activation workspace. ``resize_kv`` really allocates
+and frees the KV slabs (:class:`runtime.engine.torch_kv.PagedKVCache`), so ``kv_cache_ratio``
+changes the memory the process holds. An iteration whose activations the memory model says do
+not fit in the workspace is refused as an OOM before it runs (on the CPU, where nothing else would
+enforce the budget, this is the only OOM; on CUDA the allocator is also capped at the budget, and a
+real ``torch.OutOfMemoryError`` is caught and reported the same way).
+
+Activation estimate (``act_bytes_per_token``, ``act_fixed_bytes``) when not given: per token, the
+tensors alive at the widest point of a layer (residual, normed input, fused QKV, rotated q/k,
+attention output, fused gate/up, SiLU and product) in the model dtype plus fp32 norm statistics,
+with 25% allocator slack; fixed, the fp32 logits of ``max_num_seqs`` sampled rows, two copies of
+one decode group's gathered KV (the gather and SDPA's contiguous copy), and one prefill chunk's
+gathered context at ``max_position`` (with the GQA head expansion). On CUDA the per-token slope is
+measured instead from the allocator's peak over two prefill sizes (``measure_activations``).
+The CPU's SDPA materialises prefill attention scores (quadratic in the chunk); that is not
+modelled, since the CPU budget is a test fixture, not a physical limit.
+
+Not done, and why: no CUDA graphs and no fused paged-attention kernel (the decode path gathers
+the blocks of a group into a padded tensor, then runs SDPA), so a decode step pays eager kernel
+launches and reads the KV about three times; the profile measures what this executor does.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from runtime.engine.executor import Batch, DecodeCost, IterationResult, MemoryModel
+from runtime.engine.torch_kv import (AttentionPlan, DecodeGroup, PagedKVCache, PrefillChunk)
+from runtime.engine.torch_model import LlamaConfig, LlamaModel, load_safetensors, token_ids
+
+if TYPE_CHECKING:
+    from runtime.engine.request import Request
+
+MIB = 1024 ** 2
+MAX_SLABS = 8
+"""the pool at the highest ratio is cut into at most this many slabs: a gather touches few,
+and a resize reallocates at most one slab's worth"""
+
+
+DEFAULT_BUDGET_GIB = {"tiny": 0.25, "llama2-7b": 40.0}
+"""the memory budget of each named shape: the CPU test fixture, and DESIGN.md's H200 setting"""
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class TorchExecutor:
+    """:param model_config: the model shape
+    :param budget_bytes: the memory the engine may plan with (weights, KV and activations)
+    :param device: ``cuda`` or ``cpu`` (default: CUDA when present)
+    :param dtype: default bf16 on CUDA, fp32 on the CPU
+    :param block_size: tokens per KV block (the engine's block size)
+    :param seed: seed of the random weights
+    :param checkpoint: a Hugging Face Llama safetensors file or folder to load instead
+    :param slab_blocks: KV blocks per slab (default: the pool at ratio 0.95 in ``MAX_SLABS``)
+    :param decode_gather_bytes: the most KV bytes (per layer) one decode group gathers
+        (default: 1% of the memory after weights, clamped to 64 KiB .. 256 MiB)
+    :param max_num_seqs: the most sequences sampled in one iteration (sizes the logits workspace)
+    :param act_fixed_bytes: override the fixed activation workspace estimate
+    :param act_bytes_per_token: override the per-token activation estimate
+    :param measure_activations: measure the per-token activation bytes on CUDA (default on CUDA)
+    :param cap_process_memory: cap the CUDA allocator at the budget (plus one slab, the
+        transient of a resize), so the budget is real (default on CUDA)
+    :param keep_logits: keep the last logits of every request (for tests; costs a host copy)
+    :param decode_attention: ``"sdpa"`` or ``"matmul"`` (default: sdpa on CUDA, matmul on the
+        CPU; see :class:`LlamaModel`)
+    """
+
+    def __init__(self, model_config: LlamaConfig, *, budget_bytes: int,
+                 device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                 block_size: int = 16, seed: int = 0, checkpoint: str | None = None,
+                 slab_blocks: int | None = None, decode_gather_bytes: int | None = None,
+                 max_num_seqs: int = 256, act_fixed_bytes: int | None = None,
+                 act_bytes_per_token: int | None = None, measure_activations: bool | None = None,
+                 cap_process_memory: bool | None = None, keep_logits: bool = False,
+                 decode_attention: str | None = None) -> None:
+        self.device = torch.device(device) if device is not None else default_device()
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device='cuda' was asked for, but torch sees no CUDA device "
+                               f"(torch {torch.__version__})")
+        on_cuda = self.device.type == "cuda"
+        self.dtype = dtype if dtype is not None else (torch.bfloat16 if on_cuda else torch.float32)
+        self.cfg = model_config
+        self.block_size = block_size
+        self.keep_logits = keep_logits
+        self.max_num_seqs = max_num_seqs
+        self.model = LlamaModel(model_config, self.device, self.dtype, seed=seed,
+                                decode_attention=decode_attention)
+        if checkpoint is not None:
+            load_safetensors(self.model, checkpoint)
+        self.checkpoint = checkpoint
+        e = torch.empty(0, dtype=self.dtype).element_size()
+        self.dtype_bytes = e
+        # Weights and the rotary tables: everything that is neither KV nor per-iteration.
+        weight_bytes = self.model.weight_bytes + sum(
+            b.numel() * b.element_size() for b in self.model.buffers())
+        if budget_bytes <= weight_bytes:
+            raise ValueError(f"budget_bytes={budget_bytes} does not exceed the weights "
+                             f"({weight_bytes} bytes, {model_config.name})")
+        free = budget_bytes - weight_bytes
+        kv_per_token = model_config.kv_bytes_per_token(e)
+        kv_layer_block = kv_per_token // model_config.num_layers * block_size
+        self.decode_gather_bytes = (decode_gather_bytes if decode_gather_bytes is not None else
+                                    int(min(256 * MIB, max(64 * 1024, 0.01 * free))))
+        # (1% of the memory after weights keeps two gathers well inside the 5% workspace the
+        # highest ratio leaves)
+        if self.decode_gather_bytes < kv_layer_block:
+            raise ValueError(f"decode_gather_bytes={self.decode_gather_bytes} cannot hold one "
+                             f"block of one layer ({kv_layer_block} bytes)")
+        est_fixed, est_token = self._estimate_activations()
+        self.activation_source = "estimate"
+        if measure_activations if measure_activations is not None else on_cuda:
+            est_token = self._measure_activation_slope(est_token)
+        self.memory = MemoryModel(
+            total_bytes=int(budget_bytes), weight_bytes=int(weight_bytes),
+            kv_bytes_per_token=kv_per_token, block_size=block_size,
+            act_fixed_bytes=int(act_fixed_bytes if act_fixed_bytes is not None else est_fixed),
+            act_bytes_per_token=int(act_bytes_per_token if act_bytes_per_token is not None
+                                    else est_token))
+        if slab_blocks is None:
+            slab_blocks = max(1, math.ceil(self.memory.num_kv_blocks(0.95) / MAX_SLABS))
+        self.kv = PagedKVCache(model_config.num_layers, model_config.num_kv_heads,
+                               model_config.head_dim, block_size, slab_blocks, self.device,
+                               self.dtype)
+        if on_cuda and (cap_process_memory if cap_process_memory is not None else True):
+            # The cap leaves room for one slab more than the budget: growing or cutting the last
+            # slab holds its old and new copies for a moment (and 256 MiB for CUDA's workspaces).
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            cap = budget_bytes + slab_blocks * self.memory.kv_block_bytes + 256 * MIB
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), self.device)
+        self.last_logits: dict[int, torch.Tensor] = {}
+        self.num_real_ooms = 0
+        self.num_budget_ooms = 0
+
+    @classmethod
+    def for_shape(cls, shape: str, device: str | None = None, budget_gib: float | None = None,
+                  **kw) -> "TorchExecutor":
+        """An executor for a named shape (``tiny`` or ``llama2-7b``) with its default budget
+        (0.25 GiB for tiny, 40 GiB for llama2-7b); other keywords go to the constructor."""
+        from runtime.engine.torch_model import SHAPES
+        if shape not in SHAPES:
+            raise ValueError(f"unknown shape {shape!r} (known: {sorted(SHAPES)})")
+        gib = budget_gib if budget_gib is not None else DEFAULT_BUDGET_GIB[shape]
+        return cls(SHAPES[shape], budget_bytes=int(gib * 1024 ** 3), device=device, **kw)
+
+    # ------------------------------------------------------------------ memory
+    def _estimate_activations(self) -> tuple[int, int]:
+        c, e = self.cfg, self.dtype_bytes
+        qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        per_token = e * (4 * c.hidden_size + 2 * qkv + 4 * c.intermediate_size
+                         + 2 * c.head_dim) + 8 * c.hidden_size
+        per_token = int(1.25 * per_token)
+        kv_layer_token = c.kv_bytes_per_token(e) // c.num_layers
+        group = c.num_heads // c.num_kv_heads
+        fixed = (self.max_num_seqs * c.vocab_size * (e + 4)
+                 + 2 * self.decode_gather_bytes
+                 + c.max_position * kv_layer_token * (1 + (group if group > 1 else 0)))
+        return int(fixed), per_token
+
+    def _measure_activation_slope(self, fallback: int) -> int:
+        """Peak allocator bytes of prefill forwards at two sizes, on a scratch KV pool; the slope
+        (with 20% slack) is the per-token activation size. Falls back to the estimate on any
+        failure and says so in ``activation_source``."""
+        if self.device.type != "cuda":
+            return fallback
+        sizes = (256, 1024)
+        try:
+            kv = PagedKVCache(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim,
+                              self.block_size, 1 << 30, self.device, self.dtype)
+            kv.resize(-(-sizes[-1] // self.block_size), {})
+            peaks = []
+            for n in sizes:
+                plan, ids, pos = self._plan_prefill_only(kv, n)
+                torch.cuda.synchronize(self.device)
+                base = torch.cuda.memory_allocated(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+                self.model(ids, pos, plan, kv)
+                torch.cuda.synchronize(self.device)
+                peaks.append(torch.cuda.max_memory_allocated(self.device) - base)
+            del kv
+            torch.cuda.empty_cache()
+            slope = (peaks[1] - peaks[0]) / (sizes[1] - sizes[0])
+            if slope <= 0:
+                raise ValueError(f"non-positive activation slope {slope} from peaks {peaks}")
+            self.activation_source = f"measured on CUDA: peaks {peaks} bytes at {sizes} tokens"
+            return int(1.2 * slope)
+        except Exception as exc:  # a measurement aid: never fatal
+            self.activation_source = f"estimate (measurement failed: {exc!r})"
+            return fallback
+
+    def _plan_prefill_only(self, kv: PagedKVCache,
+                           n: int) -> tuple[AttentionPlan, torch.Tensor, torch.Tensor]:
+        """A plan of one fresh ``n``-token prefill in blocks 0, 1, ... of ``kv``."""
+        pos = np.arange(n, dtype=np.int64)
+        slots = pos  # blocks 0, 1, ... in order: slot == position
+        plan = AttentionPlan(num_decodes=0, writes=kv.split_slots(slots))
+        plan.prefill_chunks.append(PrefillChunk(0, n, n, None))
+        plan.sample_rows = torch.tensor([n - 1], device=self.device)
+        pos_t = torch.from_numpy(pos).to(self.device)
+        ids = token_ids(torch.zeros_like(pos_t), pos_t, self.cfg.vocab_size)
+        return plan, ids, pos_t
+
+    @property
+    def bytes_held(self) -> int:
+        """KV bytes really allocated now."""
+        return self.kv.bytes_held
+
+    # ------------------------------------------------------------------ the protocol
+    def decode_cost(self) -> DecodeCost | None:
+        return None  # measured, not promised: the engine steps one iteration at a time
+
+    def resize_kv(self, num_blocks: int, moves: dict[int, int]) -> float:
+        t0 = time.perf_counter()
+        self.kv.resize(num_blocks, moves)
+        self._sync()
+        return time.perf_counter() - t0
+
+    def execute(self, batch: Batch, kv_cache_ratio: float) -> IterationResult:
+        t0 = time.perf_counter()
+        if not self.memory.fits(batch.num_tokens, kv_cache_ratio):
+            self.num_budget_ooms += 1
+            return IterationResult(time.perf_counter() - t0, oom=True)
+        try:
+            plan, ids, pos, rows = self._plan(batch)
+            logits = self.model(ids, pos, plan, self.kv)
+            # Greedy sampling and the copy to the host, as a serving engine does; the copy
+            # also waits for the device.
+            sampled = logits.argmax(-1).cpu()
+            del sampled
+        except torch.OutOfMemoryError:
+            return self._oom(t0)
+        except RuntimeError as exc:  # the CPU allocator raises a plain RuntimeError
+            if "can't allocate memory" not in str(exc):
+                raise
+            return self._oom(t0)
+        if self.keep_logits:
+            cpu = logits.cpu()
+            for i, r in enumerate(rows):
+                self.last_logits[r.req_id] = cpu[i]
+        return IterationResult(time.perf_counter() - t0)
+
+    def _oom(self, t0: float) -> IterationResult:
+        self.num_real_ooms += 1
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return IterationResult(time.perf_counter() - t0, oom=True)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, batch: Batch) -> tuple[AttentionPlan, torch.Tensor, torch.Tensor,
+                                           list["Request"]]:
+        """Pack a batch: decodes first (longest context first), then the prefill chunks.
+        Returns the plan, token ids, positions and the request of every sampled row."""
+        bs = self.block_size
+        kv = self.kv
+        dev = self.device
+        decodes = batch.decodes
+        nd = len(decodes)
+        ctx = np.fromiter((r.num_computed_tokens + 1 for r in decodes), dtype=np.int64, count=nd)
+        order = np.argsort(-ctx, kind="stable")
+        ctx = ctx[order]
+        dec = [decodes[i] for i in order]
+        total = nd + sum(n for _, n in batch.prefills)
+        req = np.empty(total, dtype=np.int64)
+        pos = np.empty(total, dtype=np.int64)
+        slots = np.empty(total, dtype=np.int64)
+        nblocks = -(-ctx // bs)
+        for j, r in enumerate(dec):
+            p = ctx[j] - 1
+            if nblocks[j] > len(r.block_ids):
+                raise ValueError(f"request {r.req_id}: decode at position {p} needs "
+                                 f"{nblocks[j]} blocks, its block table has {len(r.block_ids)}")
+            req[j] = r.req_id
+            pos[j] = p
+            slots[j] = r.block_ids[p // bs] * bs + p % bs
+        plan = AttentionPlan(num_decodes=nd, writes=[])
+        rows: list[Request] = list(dec)
+        sample = list(range(nd))
+
+        # decode groups: the padded gather of a group stays under decode_gather_bytes per layer
+        layer_block = self.cfg.kv_bytes_per_token(self.dtype_bytes) // self.cfg.num_layers * bs
+        cap_blocks = max(1, self.decode_gather_bytes // layer_block)
+        j = 0
+        while j < nd:
+            width = int(nblocks[j])  # the longest in the group: sorted descending
+            n = max(1, min(nd - j, cap_blocks // width))
+            table = np.empty((n, width), dtype=np.int64)
+            for i in range(n):
+                ids = dec[j + i].block_ids
+                k = int(nblocks[j + i])
+                table[i, :k] = ids[:k]
+                table[i, k:] = ids[0]  # padding: a real block, masked out below
+            lens = torch.from_numpy(ctx[j:j + n]).to(dev)
+            mask = (torch.arange(width * bs, device=dev)[None, :] < lens[:, None])
+            plan.decode_groups.append(DecodeGroup(j, j + n, kv.table(table),
+                                                  mask[:, None, None, :]))
+            j += n
+
+        row = nd
+        for r, n in batch.prefills:
+            start = r.num_computed_tokens
+            end = start + n
+            need = -(-end // bs)
+            if need > len(r.block_ids):
+                raise ValueError(f"request {r.req_id}: a prefill to position {end - 1} needs "
+                                 f"{need} blocks, its block table has {len(r.block_ids)}")
+            blocks = np.asarray(r.block_ids[:need], dtype=np.int64)
+            p = np.arange(start, end, dtype=np.int64)
+            req[row:row + n] = r.req_id
+            pos[row:row + n] = p
+            slots[row:row + n] = blocks[p // bs] * bs + p % bs
+            table = None if start == 0 else kv.table(blocks[None, :])
+            plan.prefill_chunks.append(PrefillChunk(row, row + n, end, table))
+            row += n
+            sample.append(row - 1)
+            rows.append(r)
+        if total:
+            plan.writes = kv.split_slots(slots)
+        plan.sample_rows = torch.tensor(sample, dtype=torch.int64, device=dev)
+        pos_t = torch.from_numpy(pos).to(dev)
+        ids = token_ids(torch.from_numpy(req).to(dev), pos_t, self.cfg.vocab_size)
+        return plan, ids, pos_t, rows

@@ -1,0 +1,146 @@
+"""Simulator fidelity: replay one window through the torch executor (wall-clock) and through the
+simulator calibrated from it, and report how far they disagree.
+
+    python scripts/fidelity.py --json
+    python scripts/fidelity.py --device cuda --shape llama2-7b --profile h200-measured.json --json
+
+Calibration. The simulator's profile is the shipped (or given) measured profile, with its cost
+coefficients refit in situ when ``--calibrate-seconds`` > 0 (the default): a calibration replay of
+another window (seed + 1000, same load) runs first on the torch executor, and the cost model is
+fitted (NNLS on relative error) to its iterations. On a shared machine whose speed drifts with the
+other tenants' load, this calibrates the simulator against the executor as it runs now; the
+measured window itself is never used for fitting.
+
+Figures (relative errors are |simulated - measured| / measured):
+
+- ``iter_err_median``, ``iter_err_p90``: every iteration of the measured replay, its batch priced
+  by the simulator's cost model against its latency as the engine lived it (the executor's time
+  plus the scheduler's work before it; OOM refusals excluded);
+- ``ttft_p50_err``, ``ttft_p99_err``, ``tpot_p50_err``, ``tpot_p99_err``: the replays' percentiles;
+- ``attainment_diff``: simulated minus measured SLO attainment, in percentage points (signed);
+- ``shipped_profile_iter_err_median``: the same iteration error with the shipped profile's own
+  coefficients (how far the offline grid fit carries to serving conditions).
+
+The SLO targets default to values scaled to the shape's speed (see ``serve_replay.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runtime.engine.profile import PROFILE_DIR, Profile  # noqa: E402
+from runtime.engine.profiling import fit_cost_model, predict  # noqa: E402
+from runtime.engine.recording import RecordingExecutor, record_features  # noqa: E402
+from runtime.engine.sim_executor import SimulatedExecutor  # noqa: E402
+from serve_replay import add_common_args, build_torch_executor, run, warm_up  # noqa: E402
+
+DEFAULT_PROFILES = {"tiny": PROFILE_DIR / "cpu-tiny-measured.json"}
+
+
+def rel(sim: float, meas: float) -> float:
+    return abs(sim - meas) / meas if meas > 0 else (0.0 if sim == 0 else float("inf"))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_args(ap)
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="the measured profile (default: the shipped one for the shape)")
+    ap.add_argument("--calibrate-seconds", type=float, default=20.0,
+                    help="length of the in-situ calibration window (0: use the profile as is)")
+    ap.add_argument("--json", action="store_true", help="print only the JSON figures")
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON (with details)")
+    ap.set_defaults(rate=20.0, duration=40.0)
+    args = ap.parse_args(argv)
+    log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
+
+    profile_path = args.profile or DEFAULT_PROFILES.get(args.shape)
+    if profile_path is None:
+        raise SystemExit(f"--profile is required for shape {args.shape}")
+    shipped = Profile.load(profile_path)
+
+    t = time.perf_counter()
+    torch_ex = build_torch_executor(args)
+    if torch_ex.memory != shipped.memory:
+        log(f"note: the profile's memory model differs from the executor's:\n  profile  "
+            f"{shipped.memory}\n  executor {torch_ex.memory}")
+    warm_up(torch_ex)
+    profile = shipped
+    calib: dict = {}
+    if args.calibrate_seconds > 0:
+        log(f"calibration replay ({args.calibrate_seconds:g} s, seed {args.seed + 1000}) ...")
+        cargs = copy.copy(args)
+        cargs.seed, cargs.duration = args.seed + 1000, args.calibrate_seconds
+        crec = RecordingExecutor(torch_ex)
+        cres = run(cargs, crec, realtime=True)
+        x, y = record_features(crec.records, cres.iteration_lags)
+        cost = fit_cost_model(x, y)
+        profile = dataclasses.replace(shipped, name=shipped.name + "+in-situ", cost=cost)
+        calib = {"iterations": int(len(y)), "seconds": args.calibrate_seconds,
+                 "fit_rel_err_median": float(np.median(np.abs(predict(cost, x) - y) / y)),
+                 "cost": dataclasses.asdict(cost)}
+    rec = RecordingExecutor(torch_ex)
+    log(f"measured replay (wall clock, {args.duration:g} s window) ...")
+    measured = run(args, rec, realtime=True)
+    torch_s = time.perf_counter() - t
+    log("simulated replay ...")
+    t = time.perf_counter()
+    simulated = run(args, SimulatedExecutor(profile), realtime=False)
+    sim_s = time.perf_counter() - t
+
+    x, y = record_features(rec.records, measured.iteration_lags)
+    err = np.abs(predict(profile.cost, x) - y) / y
+    shipped_err = np.abs(predict(shipped.cost, x) - y) / y
+    kinds = {"decode_only": x[:, 1] == 0, "prefill_only": x[:, 3] == 0,
+             "mixed": (x[:, 1] > 0) & (x[:, 3] > 0)}
+    m, s = measured.summary, simulated.summary
+    out = {
+        "iter_err_median": float(np.median(err)),
+        "iter_err_p90": float(np.percentile(err, 90)),
+        "iter_bias_median": float(np.median((predict(profile.cost, x) - y) / y)),
+        "iter_err_median_by_kind": {k: float(np.median(err[v])) for k, v in kinds.items()
+                                    if v.any()},
+        "ttft_p50_err": rel(s["ttft_p50_s"], m["ttft_p50_s"]),
+        "ttft_p99_err": rel(s["ttft_p99_s"], m["ttft_p99_s"]),
+        "tpot_p50_err": rel(s["tpot_p50_s"], m["tpot_p50_s"]),
+        "tpot_p99_err": rel(s["tpot_p99_s"], m["tpot_p99_s"]),
+        "attainment_diff": 100.0 * (s["slo_attainment"] - m["slo_attainment"]),
+        "attainment_measured": m["slo_attainment"],
+        "attainment_simulated": s["slo_attainment"],
+        "shipped_profile_iter_err_median": float(np.median(shipped_err)),
+        "shipped_profile_iter_bias_median": float(np.median((predict(shipped.cost, x) - y) / y)),
+        "iterations_measured": m["iterations"], "iterations_simulated": s["iterations"],
+        "engine_lag_per_iter_s": m["lag_per_call_s"],
+        "requests": m["requests"],
+        "measured": {k: m[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+                                       "slo_attainment", "preemptions", "ooms", "finished",
+                                       "wall_s")},
+        "simulated": {k: s[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+                                        "slo_attainment", "preemptions", "ooms", "finished")},
+        "calibration": calib,
+        "profile": str(profile_path), "shape": args.shape, "device": args.device,
+        "controller": args.controller, "rate_rps": args.rate, "duration_s": args.duration,
+        "torch_replays_s": torch_s, "sim_replay_s": sim_s,
+    }
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({**out, "intervals_measured": measured.intervals,
+                                        "intervals_simulated": simulated.intervals},
+                                       indent=2) + "\n")
+    print(json.dumps(out, indent=None if args.json else 2))
+    return out
+
+
+if __name__ == "__main__":
+    main()
