@@ -14,9 +14,11 @@ from env.traces import rate_scale, time_window
 from env.traces import split as split_trace
 from env.traces.resolve import resolve_trace
 from env.traces.trace import Trace
+from runtime.decider.guard import DEFAULT_MAX_STEP, slew_limit
 from runtime.engine.engine import EngineConfig
+from runtime.engine.factory import make_executor
 from runtime.engine.profile import Profile
-from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, NUM_KNOBS, action_to_knobs
+from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, NUM_KNOBS, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM, OBS_HIGH, OBS_LOW, observation_table
 
 DEFAULT_INTERVAL_S = 0.25
@@ -37,7 +39,9 @@ class ServingEnv(gym.Env):
 
     ## Action Space
     ``Box(-1, 1, (3,), float32)``, mapped to knobs by :func:`runtime.knobs.action_to_knobs`
-    (the window and the chunk on a log scale, the ratio linearly; the chunk rounded to 16):
+    (the window and the chunk on a log scale, the ratio linearly; the chunk rounded to 16).
+    As in production, the action is first clamped to ``max_step`` action units from the current
+    knobs (the decider's slew limit), so a policy trains under the limit it will serve under:
 
     | index | knob | range |
     |---|---|---|
@@ -78,8 +82,12 @@ class ServingEnv(gym.Env):
     - ``rate_scale_range``: (low, high) of the rate scale (default (0.5, 4))
     - ``interval_s``: decision interval, default {DEFAULT_INTERVAL_S} s (why: see
       :data:`DEFAULT_INTERVAL_S`)
-    - ``executor``: ``"sim"`` (the simulated executor, default) or ``"torch"`` (a real model)
+    - ``executor``: ``"sim"`` (the simulated executor, default) or ``"torch"`` (a real
+      Llama-architecture model, :class:`runtime.engine.torch_executor.TorchExecutor`; its
+      shape, device and memory budget come from ``torch_executor``, default the tiny CPU shape)
     - ``profile``: executor profile path for ``"sim"`` (default: roofline H200 Llama-2-7B)
+    - ``max_step``: the slew limit in action units per decision (default: the decider's,
+      :data:`runtime.decider.guard.DEFAULT_MAX_STEP`; 2 disables it)
     - ``violation_weight``, ``memory_price``, ``oom_penalty``: reward weights
     - ``engine_config``: an :class:`runtime.engine.engine.EngineConfig` (limits, SLO classes)
     - ``render_mode``: ``None`` or ``"ansi"``
@@ -90,7 +98,8 @@ class ServingEnv(gym.Env):
     def __init__(self, trace: str | Trace = "synthetic", *, split: str = "train",
                  episode_s: float = 120.0, rate_scale_range: tuple[float, float] = (0.5, 4.0),
                  interval_s: float = DEFAULT_INTERVAL_S, executor: str = "sim",
-                 profile: str | None = None, violation_weight: float = 1.0,
+                 profile: str | None = None, torch_executor: dict | None = None,
+                 max_step: float = DEFAULT_MAX_STEP, violation_weight: float = 1.0,
                  memory_price: float = 0.05, oom_penalty: float = 0.5,
                  engine_config: EngineConfig | None = None, trace_seed: int = 0,
                  render_mode: str | None = None) -> None:
@@ -112,7 +121,11 @@ class ServingEnv(gym.Env):
         self.episode_s = episode_s
         self.rate_scale_range = (float(lo), float(hi))
         self.interval_s = interval_s
+        if not max_step > 0:
+            raise ValueError(f"max_step must be positive, got {max_step}")
         self.executor_kind = executor
+        self.torch_executor = dict(torch_executor or {})
+        self.max_step = max_step
         self.profile = Profile.load(profile) if executor == "sim" else None
         self.engine_config = engine_config
         self.weights = RewardWeights(violation_weight, memory_price, oom_penalty)
@@ -132,9 +145,7 @@ class ServingEnv(gym.Env):
     def _executor(self):
         if self.executor_kind == "sim":
             return None  # ServingSession builds a simulated one from the profile
-        from runtime.engine.torch_executor import TorchExecutor  # torch only when asked for
-
-        return TorchExecutor.tiny()
+        return make_executor("torch", **self.torch_executor)  # torch imported only here
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -161,7 +172,10 @@ class ServingEnv(gym.Env):
     def step(self, action):
         if self.session is None:
             raise RuntimeError("call reset() before step()")
-        knobs = action_to_knobs(np.asarray(action, dtype=np.float64).reshape(-1))
+        current = np.asarray(knobs_to_action(self.session.engine.knobs))
+        action = slew_limit(np.asarray(action, dtype=np.float64).reshape(-1), current,
+                            self.max_step)
+        knobs = action_to_knobs(action)
         result = self.session.step(knobs)
         truncated = self.session.window_over
         info = self._info(result)

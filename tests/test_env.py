@@ -9,7 +9,7 @@ from gymnasium.utils.env_checker import check_env
 
 import env  # noqa: F401  (registers batchpilot/Serving-v0)
 from env.serving_env import ServingEnv
-from env.traces import poisson
+from env.traces import LogNormalLengths, poisson
 from runtime.knobs import DEFAULT_KNOBS, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM
 
@@ -78,15 +78,25 @@ def test_options_fix_the_window_and_the_rate_scale():
     assert info["rate_scale"] == 2.0 and info["window_start_s"] == 100.0
 
 
+def knobs_of(info) -> tuple:
+    return (info["batch_window_ms"], info["prefill_chunk_tokens"], info["kv_cache_ratio"])
+
+
 def test_actions_map_to_knobs_by_the_shared_spec():
-    e = small_env()
+    e = small_env(max_step=2.0)  # no slew limit
     e.reset(seed=0)
     a = np.array([0.3, -0.2, 0.5], np.float32)
     _, _, _, _, info = e.step(a)
-    k = action_to_knobs(a)
-    assert (info["batch_window_ms"], info["prefill_chunk_tokens"], info["kv_cache_ratio"]) == \
-        k.as_tuple()
+    assert knobs_of(info) == action_to_knobs(a).as_tuple()
     np.testing.assert_allclose(knobs_to_action(DEFAULT_KNOBS)[2], 2 * (0.9 - 0.4) / 0.55 - 1)
+
+
+def test_actions_are_slew_limited_as_the_decider_limits_them():
+    e = small_env(max_step=0.5)
+    e.reset(seed=0)
+    start = np.asarray(knobs_to_action(DEFAULT_KNOBS))  # (-1, 0.25, 0.82)
+    _, _, _, _, info = e.step(np.array([1.0, -1.0, -1.0], np.float32))
+    assert knobs_of(info) == action_to_knobs(start + np.array([0.5, -0.5, -0.5])).as_tuple()
 
 
 def test_reward_counts_violations_and_prices_memory():
@@ -129,3 +139,28 @@ def test_bad_arguments_are_refused_by_name(kwargs, match):
 def test_bad_reward_weight_is_refused():
     with pytest.raises(ValueError, match="reward weight memory_price must be a finite number"):
         small_env(memory_price=-1.0)
+
+
+def test_torch_executor_episode_runs_real_forward_passes():
+    pytest.importorskip("torch")
+    from runtime.engine.engine import EngineConfig
+    from runtime.engine.slo import SloTarget
+
+    trace = poisson(20.0, 6.0, seed=2,
+                    prompt=LogNormalLengths(mean=60, p99=200, max_tokens=400),
+                    output=LogNormalLengths(mean=8, p99=30, max_tokens=60))
+    config = EngineConfig(slo_classes={"interactive": SloTarget(ttft_s=2.0, tpot_s=0.5)},
+                          max_model_len=512)
+    e = ServingEnv(trace, split="all", executor="torch", episode_s=3.0, interval_s=0.5,
+                   rate_scale_range=(1.0, 1.0), engine_config=config,
+                   torch_executor={"shape": "tiny", "device": "cpu"})
+    obs, _ = e.reset(seed=0)
+    assert type(e.session.engine.executor).__name__ == "TorchExecutor"
+    done, steps = False, 0
+    while not done:
+        obs, r, term, trunc, info = e.step(np.zeros(3, np.float32))
+        assert np.all(np.isfinite(obs)) and np.isfinite(r)
+        done = term or trunc
+        steps += 1
+    assert e.session.engine.num_iterations > 0
+    assert info["episode_summary"]["finished"] > 0
