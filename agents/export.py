@@ -14,10 +14,13 @@ the training range, and refuses to write a model whose actions differ by more th
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
+import logging
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +79,22 @@ class ExportParityError(RuntimeError):
     pass
 
 
+@contextlib.contextmanager
+def _quiet_exporter():
+    """The dynamo exporter logs a warning per missing torchvision op and a deprecation warning
+    from torch internals on every export; none concerns an MLP."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def parity_observations(n: int = 4096, seed: int = 0) -> np.ndarray:
     """Observations to check the export on: inside the spec's bounds, at its corners, and far
     outside (x100) where the folded clipping must agree with the torch path."""
@@ -92,6 +111,24 @@ def torch_actions(model, vecnormalize, obs: np.ndarray) -> np.ndarray:
     x = vecnormalize.normalize_obs(obs) if vecnormalize is not None else obs
     actions, _ = model.predict(x, deterministic=True)
     return np.asarray(actions, dtype=np.float32)
+
+
+def stamp_metadata(path: str | Path, metadata: dict[str, str]) -> None:
+    """Add or replace metadata entries of an exported model in place (weights untouched, so the
+    parity check still holds); written through a temporary file and an atomic rename."""
+    import onnx
+
+    path = Path(path)
+    proto = onnx.load(str(path))
+    props = {p.key: p.value for p in proto.metadata_props}
+    props.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()})
+    del proto.metadata_props[:]
+    for k, v in props.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = k, v
+    tmp = path.with_suffix(".tmp.onnx")
+    onnx.save(proto, str(tmp))
+    os.replace(tmp, path)
 
 
 def graph_operators(path: str | Path) -> dict[str, int]:
@@ -130,7 +167,7 @@ def export_policy(model, vecnormalize, path: str | Path, *, policy_version: str,
     fd, tmp = tempfile.mkstemp(suffix=".onnx", dir=path.parent)
     os.close(fd)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _quiet_exporter():
             torch.onnx.export(module, (dummy,), tmp, input_names=[INPUT_NAME],
                               output_names=[OUTPUT_NAME], opset_version=OPSET,
                               dynamic_shapes={"obs": {0: torch.export.Dim("batch", min=1,

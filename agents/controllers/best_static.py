@@ -3,10 +3,12 @@
 The search replays the trace's training split at each tuning rate scale with every knob setting
 of :data:`GRID` held fixed, and keeps the setting with the highest mean SLO attainment (ties go
 to the one reserving less memory: among the settings within :data:`TIE_TOLERANCE` of the best
-mean, the lowest KV ratio, then the shortest window). The tuning loads, :data:`TUNING_SCALES`, are the trace's own
-rate with half and twice it: the load an operator tunes for and the range around it, not the
-overload of the arena's higher rate scales (tuning there would pick settings that only matter
-once every controller has failed). The result is cached in ``checkpoints/best_static/`` under a
+mean, the lowest KV ratio, then the shortest window). The tuning loads,
+:data:`TUNING_SCALES`, run from half to twice the trace's own rate in five steps: the load an
+operator tunes for and the range around it, dense enough that settings differ somewhere (on the
+conversation trace every setting meets its SLOs at 1x and misses at 2x), but not the overload of
+the arena's higher rate scales, where only settings that matter once every controller has
+failed would be picked. The result is cached in ``checkpoints/best_static/`` under a
 key of everything it depends on (trace, split, scales, profile, SLO classes, grid), so it is
 computed once per configuration and shipped with the repository.
 """
@@ -31,7 +33,7 @@ from runtime.engine.profile import Profile
 from runtime.knobs import Knobs
 
 CACHE_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "best_static"
-TUNING_SCALES: tuple[float, ...] = (0.5, 1.0, 2.0)
+TUNING_SCALES: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.0)
 TIE_TOLERANCE = 0.001
 """settings whose mean attainment is this close to the best count as tied"""
 GRID: dict[str, tuple] = {

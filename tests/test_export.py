@@ -1,0 +1,75 @@
+"""ONNX export of a trained policy: the action path only, checked against torch, loadable by the
+runtime decider."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import onnx
+import pytest
+from stable_baselines3 import PPO
+from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+import env  # noqa: F401
+from agents import export as export_mod
+from agents.export import ExportParityError, export_policy, parity_observations, stamp_metadata
+from runtime.decider.onnx_policy import OnnxPolicy
+from runtime.observation import SPEC_VERSION
+
+
+@pytest.fixture(scope="module")
+def trained():
+    venv = VecNormalize(DummyVecEnv([lambda: gym.make(env.ENV_ID, episode_s=10.0)]))
+    model = PPO("MlpPolicy", venv, n_steps=64, batch_size=32, n_epochs=1, seed=0,
+                policy_kwargs=dict(net_arch=[16, 16]), device="cpu")
+    model.learn(128)  # enough for VecNormalize to hold non-trivial statistics
+    venv.training = False
+    return model, venv
+
+
+def test_export_matches_torch_and_holds_only_the_action_path(trained, tmp_path):
+    model, venv = trained
+    report = export_policy(model, venv, tmp_path / "p.onnx", policy_version="t1")
+    assert report.max_abs_diff <= 1e-5
+    assert report.num_checked == 4096
+    assert set(report.operators) <= {"Sub", "Div", "Clip", "Gemm", "Tanh"}
+    proto = onnx.load(str(tmp_path / "p.onnx"))
+    assert [i.name for i in proto.graph.input] == ["obs"]
+    assert [o.name for o in proto.graph.output] == ["action"]
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert meta["batchpilot.spec_version"] == SPEC_VERSION
+    assert meta["batchpilot.policy_version"] == "t1"
+
+
+def test_the_runtime_decider_loads_the_export_and_acts_like_torch(trained, tmp_path):
+    model, venv = trained
+    export_policy(model, venv, tmp_path / "p.onnx", policy_version="t2")
+    policy = OnnxPolicy.load(tmp_path / "p.onnx")
+    obs = parity_observations(64, seed=5)
+    expected, _ = model.predict(venv.normalize_obs(obs), deterministic=True)
+    np.testing.assert_allclose(policy.act_batch(obs), expected, atol=1e-5)
+
+
+def test_export_refuses_to_write_a_model_that_disagrees_with_torch(trained, tmp_path,
+                                                                   monkeypatch):
+    model, venv = trained
+    real = export_mod.torch_actions
+    monkeypatch.setattr(export_mod, "torch_actions",
+                        lambda m, n, o: real(m, n, o) + np.float32(1e-3))
+    with pytest.raises(ExportParityError, match=r"differ from the torch policy by 0\.001"):
+        export_policy(model, venv, tmp_path / "bad.onnx", policy_version="t3")
+    assert not (tmp_path / "bad.onnx").exists()
+    assert not list(tmp_path.glob("*.onnx"))  # no temporary file left behind
+
+
+def test_stamped_metadata_keeps_the_weights(trained, tmp_path):
+    model, venv = trained
+    path = tmp_path / "p.onnx"
+    export_policy(model, venv, path, policy_version="t4")
+    before = OnnxPolicy.load(path).act_batch(parity_observations(16))
+    stamp_metadata(path, {"batchpilot.eval_summary": '{"x": 1}'})
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert meta["batchpilot.eval_summary"] == '{"x": 1}'
+    assert meta["batchpilot.policy_version"] == "t4"
+    np.testing.assert_array_equal(OnnxPolicy.load(path).act_batch(parity_observations(16)),
+                                  before)
