@@ -215,7 +215,8 @@ class FeatureBuilder:
 # Column groups and constants for vectors_from_rows, from the same table as _transform.
 _RAW_LOW = np.array([f.low for f in OBSERVATION_FIELDS], dtype=np.float64)
 _RAW_HIGH = np.array([f.high for f in OBSERVATION_FIELDS], dtype=np.float64)
-_COLUMNS = {t: np.array([i for i, f in enumerate(OBSERVATION_FIELDS) if f.transform == t], dtype=np.intp)
+_COLUMNS = {t: np.array([i for i, f in enumerate(OBSERVATION_FIELDS) if f.transform == t],
+                        dtype=np.intp)
             for t in ("log", "slog", "linear", "knob")}
 _LOG_DEN = np.array([math.log1p(f.high) for f in OBSERVATION_FIELDS], dtype=np.float64)
 

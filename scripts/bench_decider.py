@@ -189,7 +189,7 @@ def percentiles_us(samples_ns: np.ndarray) -> tuple[float, float, float]:
     return float(p50), float(p99), float(p999)
 
 
-def bench_in_process(policy_path: Path, num_calls: int, rounds: int = 10) -> dict:
+def bench_in_process(policy_path: Path, num_calls: int, rounds: int = 30) -> dict:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
     pool = [vector_from_fields(f) for f in observation_pool(1024)]
@@ -219,12 +219,18 @@ def bench_in_process(policy_path: Path, num_calls: int, rounds: int = 10) -> dic
                 t0 = clock()
                 fn(o)
                 out[base + i] = clock() - t0
+    # the ratio within each round too: the blocks of a round are ~50 ms apart, so a machine
+    # whose speed drifts (other tenants) slows both sides of a round alike
+    per_round_ratio = [
+        np.median(samples["decide"][r * per_round:(r + 1) * per_round])
+        / np.median(samples["floor"][r * per_round:(r + 1) * per_round]) for r in range(rounds)]
     d50, d99, d999 = percentiles_us(samples["decide"])
     p50, p99, p999 = percentiles_us(samples["pid"])
     f50, f99, f999 = percentiles_us(samples["floor"])
     return {"decide_p50_us": d50, "decide_p99_us": d99, "decide_p999_us": d999,
             "floor_p50_us": f50, "floor_p99_us": f99, "floor_p999_us": f999,
             "ratio_p50": d50 / f50,
+            "ratio_p50_median_of_rounds": float(np.median(per_round_ratio)),
             "pid_p50_us": p50, "pid_p99_us": p99, "pid_p999_us": p999,
             "in_process_calls": per_round * rounds}
 
@@ -335,25 +341,33 @@ def bench_batch(url: str, bodies: list[bytes], duration_s: float, num_clients: i
 
 
 class _Connections:
-    """Keep-alive HTTP/1.1 connections for the load generator: one per request in flight, reused
-    when free, opened when none is (an open loop does not wait for a connection)."""
+    """Keep-alive HTTP/1.1 connections for the load generator: one per request in flight, the
+    most recently used reused first, a new one opened when none is free (an open loop does not
+    wait for a connection). Connections idle for longer than ``max_idle_s`` are dropped, as
+    client pools do, before the server's keep-alive timeout (uvicorn: 5 s) closes them under a
+    request."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, max_idle_s: float = 2.0) -> None:
         self.host, self.port = host, port
-        self.free: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.max_idle_s = max_idle_s
+        self.free: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
         self.opened = 0
 
     async def get(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self.free:
-            return self.free.pop()
+        now = time.perf_counter()
+        while self.free:
+            reader, writer, last_used = self.free.pop()
+            if now - last_used < self.max_idle_s:
+                return reader, writer
+            writer.close()
         self.opened += 1
         return await asyncio.open_connection(self.host, self.port)
 
     def put(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
-        self.free.append(conn)
+        self.free.append((*conn, time.perf_counter()))
 
     def close(self) -> None:
-        for _, w in self.free:
+        for _, w, _ in self.free:
             w.close()
 
 
@@ -532,6 +546,8 @@ def main() -> None:
               f"-> {result['reload_status']} in {result['reload_ms']:.0f} ms, "
               f"{result['reload_window_errors']} failed requests around it; versions "
               f"{result['load_policy_versions']}")
+        for e in result["load_first_errors"]:
+            print(f"  load error: {e}")
     print("\ngoals: " + ", ".join(f"{k} {'met' if v else 'MISSED'}"
                                   for k, v in result["goals_met"].items()))
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: contract-following ONNX policies (exported once per session) and observations."""
+"""Shared fixtures: contract-following ONNX policies (exported once a session), observations."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The guard: every fallback path, the slew and range clamps, batches, and that decide never raises."""
+"""The guard: every fallback path, the slew and range clamps, batches; decide never raises."""
 
 from __future__ import annotations
 
@@ -96,7 +96,8 @@ def test_non_finite_current_knobs_fall_back_to_the_static_knobs_as_they_are(poli
     obs = observation()
     obs[-2] = np.nan
     d = decider(policy_path).decide(obs)
-    assert (d.source, d.reason, d.knobs) == ("static", "non-finite input; pid failed", DEFAULT_KNOBS)
+    assert (d.source, d.reason) == ("static", "non-finite input; pid failed")
+    assert d.knobs == DEFAULT_KNOBS
 
 
 @pytest.mark.parametrize("obs", [np.zeros(OBS_DIM + 1, np.float32), np.zeros((1, OBS_DIM)),
@@ -192,7 +193,7 @@ def test_decide_batch_without_a_policy_and_with_a_failing_one(policy_path, monke
     out = d.decide_batch(rows)
     assert [(x.source, x.reason) for x in out] == [("pid", "policy error")] * 2
     assert d.decide_batch(np.zeros((0, OBS_DIM))) == []
-    with pytest.raises(ValueError, match=r"a batch of observations has shape \[n, 20\], got \[3, 4\]"):
+    with pytest.raises(ValueError, match=r"observations has shape \[n, 20\], got \[3, 4\]"):
         d.decide_batch(np.zeros((3, 4)))
 
 
