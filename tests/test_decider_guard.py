@@ -101,11 +101,25 @@ def test_non_finite_current_knobs_fall_back_to_the_static_knobs_as_they_are(poli
 
 
 @pytest.mark.parametrize("obs", [np.zeros(OBS_DIM + 1, np.float32), np.zeros((1, OBS_DIM)),
-                                 [], None, "twenty numbers", [[1, 2], [3]]])
+                                 [], None, "twenty numbers", [[1, 2], [3]],
+                                 np.array(["x"] * OBS_DIM), np.ones(OBS_DIM, dtype=bool)])
 def test_an_observation_of_another_shape_gets_the_static_knobs(policy_path, obs):
     d = decider(policy_path).decide(obs)
-    assert d.source == "static" and d.knobs == DEFAULT_KNOBS
-    assert d.reason in ("bad input shape; pid failed", "policy error; pid failed")
+    assert (d.source, d.reason, d.knobs) == ("static", "bad input shape; pid failed",
+                                             DEFAULT_KNOBS)
+
+
+def test_a_list_of_numbers_is_an_observation_too(policy_path):
+    obs = observation()
+    assert decider(policy_path).decide(obs.tolist()) == decider(policy_path).decide(obs)
+
+
+def test_an_unexpected_exception_still_gets_an_answer(policy_path, monkeypatch):
+    d = decider(policy_path)
+    monkeypatch.setattr(d, "_decide", lambda obs: 1 / 0)
+    decision = d.decide(observation())
+    assert (decision.source, decision.reason) == ("static", "policy error; pid failed")
+    assert "ZeroDivisionError" in d.last_error
 
 
 def test_a_policy_that_answers_nan_hands_that_decision_to_the_pid():
