@@ -79,8 +79,8 @@ def prepare_policies(folder: Path) -> tuple[str, str]:
             print(f"warning: the shipped policy was refused ({e}); using a synthetic one",
                   file=sys.stderr)
     if description is None:
-        # in a subprocess: the exporter needs torch, and a process that has run torch decides
-        # markedly slower (its thread pool stays around); the runtime never imports torch
+        # in a subprocess: the exporter needs torch, and the process measured here should be
+        # like the runtime, which never imports it
         code = ("import sys; from pathlib import Path; "
                 "from tests.policy_factory import make_mlp, write_policy; f = Path(sys.argv[1]); "
                 "write_policy(f / 'policy.onnx', make_mlp(seed=0), policy_version='bench-1'); "
