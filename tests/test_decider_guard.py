@@ -1,4 +1,4 @@
-"""The guard: every fallback path, the slew and range clamps, batches, and that decide never raises."""
+"""The guard: every fallback path, the slew and range clamps, batches; decide never raises."""
 
 from __future__ import annotations
 
@@ -96,15 +96,30 @@ def test_non_finite_current_knobs_fall_back_to_the_static_knobs_as_they_are(poli
     obs = observation()
     obs[-2] = np.nan
     d = decider(policy_path).decide(obs)
-    assert (d.source, d.reason, d.knobs) == ("static", "non-finite input; pid failed", DEFAULT_KNOBS)
+    assert (d.source, d.reason) == ("static", "non-finite input; pid failed")
+    assert d.knobs == DEFAULT_KNOBS
 
 
 @pytest.mark.parametrize("obs", [np.zeros(OBS_DIM + 1, np.float32), np.zeros((1, OBS_DIM)),
-                                 [], None, "twenty numbers", [[1, 2], [3]]])
+                                 [], None, "twenty numbers", [[1, 2], [3]],
+                                 np.array(["x"] * OBS_DIM), np.ones(OBS_DIM, dtype=bool)])
 def test_an_observation_of_another_shape_gets_the_static_knobs(policy_path, obs):
     d = decider(policy_path).decide(obs)
-    assert d.source == "static" and d.knobs == DEFAULT_KNOBS
-    assert d.reason in ("bad input shape; pid failed", "policy error; pid failed")
+    assert (d.source, d.reason, d.knobs) == ("static", "bad input shape; pid failed",
+                                             DEFAULT_KNOBS)
+
+
+def test_a_list_of_numbers_is_an_observation_too(policy_path):
+    obs = observation()
+    assert decider(policy_path).decide(obs.tolist()) == decider(policy_path).decide(obs)
+
+
+def test_an_unexpected_exception_still_gets_an_answer(policy_path, monkeypatch):
+    d = decider(policy_path)
+    monkeypatch.setattr(d, "_decide", lambda obs: 1 / 0)
+    decision = d.decide(observation())
+    assert (decision.source, decision.reason) == ("static", "policy error; pid failed")
+    assert "ZeroDivisionError" in d.last_error
 
 
 def test_a_policy_that_answers_nan_hands_that_decision_to_the_pid():
@@ -192,7 +207,7 @@ def test_decide_batch_without_a_policy_and_with_a_failing_one(policy_path, monke
     out = d.decide_batch(rows)
     assert [(x.source, x.reason) for x in out] == [("pid", "policy error")] * 2
     assert d.decide_batch(np.zeros((0, OBS_DIM))) == []
-    with pytest.raises(ValueError, match=r"a batch of observations has shape \[n, 20\], got \[3, 4\]"):
+    with pytest.raises(ValueError, match=r"observations has shape \[n, 20\], got \[3, 4\]"):
         d.decide_batch(np.zeros((3, 4)))
 
 

@@ -20,9 +20,10 @@ def reference_decide(pid: PidController, observation: np.ndarray):
     g = pid.gains
     u = np.asarray(observation, dtype=np.float64)[-NUM_KNOBS:].copy()
     (e_w, e_w1), (e_c, e_c1), (e_k, e_k1) = pid.errors(f)
-    u[0] -= g.window_kp * (e_w - e_w1) + g.window_ki * e_w
-    u[1] -= g.chunk_kp * (e_c - e_c1) + g.chunk_ki * e_c
-    u[2] += g.kv_kp * (e_k - e_k1) + g.kv_ki * e_k
+    with np.errstate(invalid="ignore"):  # inf - inf on purpose: NaN must come out the same
+        u[0] -= g.window_kp * (e_w - e_w1) + g.window_ki * e_w
+        u[1] -= g.chunk_kp * (e_c - e_c1) + g.chunk_ki * e_c
+        u[2] += g.kv_kp * (e_k - e_k1) + g.kv_ki * e_k
     return action_to_knobs(np.clip(u, -1.0, 1.0))
 
 
@@ -42,7 +43,8 @@ vector_entries = st.one_of(
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(vector_entries, min_size=OBS_DIM, max_size=OBS_DIM),
-       st.sampled_from([PidGains(), PidGains(window_kp=0.7, chunk_ki=0.3, kv_kp=2.0, oom_push=0.1)]))
+       st.sampled_from([PidGains(),
+                        PidGains(window_kp=0.7, chunk_ki=0.3, kv_kp=2.0, oom_push=0.1)]))
 def test_fast_path_matches_the_field_by_field_computation(values, gains):
     pid = PidController(gains)
     obs = np.asarray(values, dtype=np.float32)
@@ -50,11 +52,12 @@ def test_fast_path_matches_the_field_by_field_computation(values, gains):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.fixed_dictionaries({n: st.floats(0, 50, allow_nan=False) for n in OBSERVATION_NAMES[:-3]}),
+@given(st.fixed_dictionaries({n: st.floats(0, 50) for n in OBSERVATION_NAMES[:-3]}),
        st.floats(-1, 1), st.floats(-1, 1), st.floats(-1, 1))
 def test_fast_path_matches_on_observations_built_from_fields(raw, a0, a1, a2):
     raw = dict(raw, arrival_rate_change_rps=raw["arrival_rate_change_rps"] - 25.0,
-               kv_utilization=raw["kv_utilization"] / 50, kv_fragmentation=raw["kv_fragmentation"] / 50,
+               kv_utilization=raw["kv_utilization"] / 50,
+               kv_fragmentation=raw["kv_fragmentation"] / 50,
                slo_attainment=raw["slo_attainment"] / 50,
                kv_utilization_prev=raw["kv_utilization_prev"] / 50)
     raw.update(action_to_knobs((a0, a1, a2)).as_dict())

@@ -22,7 +22,8 @@ def test_reload_swaps_the_policy_and_counts_it(policy_dir):
     assert d.decide(observation()).policy_version == "test-2"
 
 
-@pytest.mark.parametrize("content, reason", [(None, "model missing"), (b"garbage", "model corrupt")])
+@pytest.mark.parametrize("content, reason", [(None, "model missing"),
+                                             (b"garbage", "model corrupt")])
 def test_a_failed_reload_keeps_the_old_policy(policy_dir, content, reason):
     d = GuardedDecider(policy_dir / "policy.onnx")
     bad = policy_dir / "bad.onnx"
@@ -72,7 +73,7 @@ def test_decisions_during_reloads_come_whole_from_the_old_or_the_new_policy(poli
             if batch:
                 out = d.decide_batch(stacked)
                 if len({x.policy_version for x in out}) != 1:
-                    failures.append(f"one batch saw two policies: {[x.policy_version for x in out]}")
+                    failures.append(f"one batch saw {[x.policy_version for x in out]}")
                 for i, x in enumerate(out):
                     check(i, x)
             else:

@@ -42,7 +42,7 @@ def test_names_the_first_non_finite_field_and_row():
     rows = np.ones((3, OBS_DIM))
     rows[2, 5] = np.inf
     rows[1, 7] = np.nan
-    with pytest.raises(ValueError, match="observation field 'kv_utilization' is not finite in row 1"):
+    with pytest.raises(ValueError, match="field 'kv_utilization' is not finite in row 1"):
         vectors_from_rows(rows)
     with pytest.raises(ValueError, match=r"have shape \[n, 20\], got \[20\]"):
         vectors_from_rows(np.ones(OBS_DIM))

@@ -201,7 +201,8 @@ def test_reload_refuses_names_that_are_not_a_file_in_the_folder(client, name):
     assert r.json()["detail"][0]["loc"] == ["body", "name"]
 
 
-def test_reload_refuses_a_symlink_that_leads_out_of_the_folder(client, policy_dir, tmp_path_factory):
+def test_reload_refuses_a_symlink_that_leads_out_of_the_folder(client, policy_dir,
+                                                               tmp_path_factory):
     outside = tmp_path_factory.mktemp("outside") / "evil.onnx"
     outside.write_bytes((policy_dir / "policy-v2.onnx").read_bytes())
     (policy_dir / "link.onnx").symlink_to(outside)

@@ -10,7 +10,6 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from runtime.api.settings import Settings
-from runtime.decider.breaker import CircuitBreaker
 from runtime.server import create_app
 from tests.policy_factory import export_policy_bytes
 

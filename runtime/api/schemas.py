@@ -44,7 +44,8 @@ Observation.__pydantic_config__ = ConfigDict(extra="forbid", strict=True, allow_
 
 @with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))
 class BatchRequest(TypedDict):
-    observations: Annotated[list[Observation], Field(max_length=MAX_BATCH)]  # type: ignore[valid-type]
+    observations: Annotated[list[Observation],  # type: ignore[valid-type]
+                            Field(max_length=MAX_BATCH)]
     """observations to decide for, answered in the same order (at most 4096)"""
 
 

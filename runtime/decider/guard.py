@@ -159,8 +159,11 @@ class GuardedDecider:
     def _decide(self, observation: np.ndarray) -> Decision:
         policy, missing = self._active
         if type(observation) is not np.ndarray:
-            observation = np.asarray(observation, dtype=np.float64)
-        if observation.shape != _SHAPE:
+            try:
+                observation = np.asarray(observation, dtype=np.float64)
+            except (TypeError, ValueError):  # ragged, or not numbers
+                return self._static(None, BAD_INPUT_SHAPE, policy)
+        if observation.shape != _SHAPE or observation.dtype.kind not in "fiu":
             return self._static(None, BAD_INPUT_SHAPE, policy)
         v = observation.tolist()
         s = sum(v)

@@ -35,24 +35,24 @@ from runtime.observation import OBS_DIM, OBSERVATION_FIELDS, OBSERVATION_INDEX
 _I = OBSERVATION_INDEX
 
 
-def _inverse(name: str) -> tuple[int, str, float, float]:
-    """(index, transform, a, b) to undo one field's transform exactly as ``fields_from_vector``
-    does: ``expm1(v * a)`` for log fields, ``a + v * b`` for linear ones."""
+def _inverse(name: str, transform: str) -> tuple[int, float, float]:
+    """(index, a, b) to undo one field's transform exactly as ``fields_from_vector`` does:
+    ``expm1(v * a)`` for a log field, ``a + v * b`` for a linear one. Raises if the spec gives the
+    field another transform than the fast path below was written for."""
     f = OBSERVATION_FIELDS[_I[name]]
-    if f.transform == "log":
-        return _I[name], "log", math.log1p(f.high), 0.0
-    if f.transform == "linear":
-        return _I[name], "linear", f.low, f.high - f.low
-    raise ValueError(f"the PID fast path does not read {f.transform} field {name!r}")
+    if f.transform != transform:
+        raise ValueError(f"the PID fast path reads {name!r} as a {transform} field, but the "
+                         f"observation spec makes it {f.transform}")
+    if transform == "log":
+        return _I[name], math.log1p(f.high), 0.0
+    return _I[name], f.low, f.high - f.low
 
 
 # The fields the errors read, with the constants of their inverse transforms, computed once.
 _TTFT, _TTFT_PREV, _TPOT, _TPOT_PREV, _PREEMPT, _OOM = (
-    _inverse(n) for n in ("ttft_p99_ratio", "ttft_p99_ratio_prev", "tpot_p99_ratio",
-                          "tpot_p99_ratio_prev", "preemptions", "ooms"))
-_KV, _KV_PREV = (_inverse(n) for n in ("kv_utilization", "kv_utilization_prev"))
-assert all(t == "log" for _, t, _, _ in (_TTFT, _TTFT_PREV, _TPOT, _TPOT_PREV, _PREEMPT, _OOM))
-assert all(t == "linear" for _, t, _, _ in (_KV, _KV_PREV))
+    _inverse(n, "log") for n in ("ttft_p99_ratio", "ttft_p99_ratio_prev", "tpot_p99_ratio",
+                                 "tpot_p99_ratio_prev", "preemptions", "ooms"))
+_KV, _KV_PREV = (_inverse(n, "linear") for n in ("kv_utilization", "kv_utilization_prev"))
 
 
 @dataclass(frozen=True)
@@ -137,18 +137,18 @@ class PidController:
             # fields_from_vector refuses non-finite knobs (with the knob named): do the same
             action_to_knobs((u0, u1, u2))
         g = self.gains
-        ttft = math.expm1(v[_TTFT[0]] * _TTFT[2])
-        ttft_prev = math.expm1(v[_TTFT_PREV[0]] * _TTFT_PREV[2])
+        ttft = math.expm1(v[_TTFT[0]] * _TTFT[1])
+        ttft_prev = math.expm1(v[_TTFT_PREV[0]] * _TTFT_PREV[1])
         e_w = _log_err(ttft, g.ttft_setpoint)
         e_w1 = _log_err(ttft_prev, g.ttft_setpoint)
-        e_c = _log_err(math.expm1(v[_TPOT[0]] * _TPOT[2]), g.tpot_setpoint) - e_w
-        e_c1 = _log_err(math.expm1(v[_TPOT_PREV[0]] * _TPOT_PREV[2]), g.tpot_setpoint) - e_w1
-        e_k = (_KV[2] + v[_KV[0]] * _KV[3]) - g.kv_setpoint
-        if math.expm1(v[_PREEMPT[0]] * _PREEMPT[2]) > 0.5:
+        e_c = _log_err(math.expm1(v[_TPOT[0]] * _TPOT[1]), g.tpot_setpoint) - e_w
+        e_c1 = _log_err(math.expm1(v[_TPOT_PREV[0]] * _TPOT_PREV[1]), g.tpot_setpoint) - e_w1
+        e_k = (_KV[1] + v[_KV[0]] * _KV[2]) - g.kv_setpoint
+        if math.expm1(v[_PREEMPT[0]] * _PREEMPT[1]) > 0.5:
             e_k += g.preempt_push
-        if math.expm1(v[_OOM[0]] * _OOM[2]) > 0.5:
+        if math.expm1(v[_OOM[0]] * _OOM[1]) > 0.5:
             e_k -= g.oom_push
-        e_k1 = (_KV_PREV[2] + v[_KV_PREV[0]] * _KV_PREV[3]) - g.kv_setpoint
+        e_k1 = (_KV_PREV[1] + v[_KV_PREV[0]] * _KV_PREV[2]) - g.kv_setpoint
         u0 -= g.window_kp * (e_w - e_w1) + g.window_ki * e_w
         u1 -= g.chunk_kp * (e_c - e_c1) + g.chunk_ki * e_c
         u2 += g.kv_kp * (e_k - e_k1) + g.kv_ki * e_k
