@@ -81,6 +81,17 @@ class Knobs:
             values.append(v)
         return cls(float(values[0]), int(values[1]), float(values[2]))
 
+    @classmethod
+    def _trusted(cls, batch_window_ms: float, prefill_chunk_tokens: int,
+                 kv_cache_ratio: float) -> Knobs:
+        """Knobs from values already clamped and rounded by this module (the decision hot path:
+        the checks of ``__post_init__`` would cost more than the rest of a decision)."""
+        k = object.__new__(cls)
+        object.__setattr__(k, "batch_window_ms", batch_window_ms)
+        object.__setattr__(k, "prefill_chunk_tokens", prefill_chunk_tokens)
+        object.__setattr__(k, "kv_cache_ratio", kv_cache_ratio)
+        return k
+
     def as_tuple(self) -> tuple[float, int, float]:
         return (self.batch_window_ms, self.prefill_chunk_tokens, self.kv_cache_ratio)
 
@@ -104,8 +115,14 @@ def _from_unit(spec: KnobSpec, u: float) -> float:
     return spec.low + u * (spec.high - spec.low)
 
 
-_SCALES = tuple((s.low, s.high, s.scale == "log", math.log(s.low),
-                 math.log(s.high) - math.log(s.low), s.step) for s in KNOB_SPECS)
+# action_to_knobs is on every decision's path, so it is unrolled over the three knobs; these
+# constants come from KNOB_SPECS and the assert keeps the unrolled code honest if the table moves.
+_W, _C, _R = KNOB_SPECS
+assert (_W.scale, _C.scale, _R.scale) == ("log", "log", "linear") and _R.step == 0
+_W_LOG_LOW, _W_LOG_SPAN = math.log(_W.low), math.log(_W.high) - math.log(_W.low)
+_C_LOG_LOW, _C_LOG_SPAN = math.log(_C.low), math.log(_C.high) - math.log(_C.low)
+_isfinite = math.isfinite
+_exp = math.exp
 
 
 def action_to_knobs(action) -> Knobs:
@@ -113,17 +130,19 @@ def action_to_knobs(action) -> Knobs:
     values = action.tolist() if hasattr(action, "tolist") else list(action)
     if len(values) != NUM_KNOBS:
         raise ValueError(f"an action has {NUM_KNOBS} components, got {len(values)}")
-    out = []
-    for a, (low, high, is_log, log_low, log_span, step) in zip(values, _SCALES):
-        a = float(a)
-        if not math.isfinite(a):
-            raise ValueError(f"action component for {KNOB_NAMES[len(out)]} is not finite: {a!r}")
-        u = (min(max(a, -1.0), 1.0) + 1.0) * 0.5
-        v = math.exp(log_low + u * log_span) if is_log else low + u * (high - low)
-        if step:
-            v = round(v / step) * step
-        out.append(min(max(v, low), high))
-    return Knobs(out[0], int(out[1]), out[2])
+    a0, a1, a2 = values
+    for name, a in zip(KNOB_NAMES, values):
+        if not _isfinite(a):
+            raise ValueError(f"action component for {name} is not finite: {a!r}")
+    u0 = (min(max(a0, -1.0), 1.0) + 1.0) * 0.5
+    u1 = (min(max(a1, -1.0), 1.0) + 1.0) * 0.5
+    u2 = (min(max(a2, -1.0), 1.0) + 1.0) * 0.5
+    window = min(max(round(_exp(_W_LOG_LOW + u0 * _W_LOG_SPAN) / _W.step) * _W.step, _W.low),
+                 _W.high)
+    chunk = min(max(round(_exp(_C_LOG_LOW + u1 * _C_LOG_SPAN) / _C.step) * _C.step, _C.low),
+                _C.high)
+    ratio = min(max(_R.low + u2 * (_R.high - _R.low), _R.low), _R.high)
+    return Knobs._trusted(float(window), int(chunk), float(ratio))
 
 
 def knobs_to_action(knobs: Knobs) -> tuple[float, float, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.executor import MemoryModel
 from runtime.engine.profile import CostModel, Profile

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.decider.pid import PidController, PidGains
-from runtime.knobs import NUM_KNOBS, DEFAULT_KNOBS, action_to_knobs
+from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, action_to_knobs
 from runtime.observation import OBS_DIM, OBSERVATION_NAMES, fields_from_vector, vector_from_fields
 
 

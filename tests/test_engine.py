@@ -10,13 +10,13 @@ import math
 
 import numpy as np
 import pytest
-from tests.engine_factory import hand_profile, make_engine, random_workload
 
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.profile import Profile
 from runtime.engine.request import RejectReason, Status
 from runtime.engine.sim_executor import SimulatedExecutor
 from runtime.knobs import DEFAULT_KNOBS, Knobs
+from tests.engine_factory import hand_profile, make_engine, random_workload
 
 
 def run(engine: Engine, arrivals, prompts, outputs) -> Engine:

@@ -8,7 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.observation import (
-    OBS_DIM, OBSERVATION_FIELDS, OBSERVATION_NAMES, vector_from_fields, vectors_from_rows,
+    OBS_DIM,
+    OBSERVATION_FIELDS,
+    OBSERVATION_NAMES,
+    vector_from_fields,
+    vectors_from_rows,
 )
 
 

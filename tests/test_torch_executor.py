@@ -12,8 +12,14 @@ from runtime.engine.engine import Engine, EngineConfig  # noqa: E402
 from runtime.engine.profiling import SyntheticRequests, make_batch  # noqa: E402
 from runtime.engine.request import Request, Status  # noqa: E402
 from runtime.engine.torch_executor import TorchExecutor  # noqa: E402
-from runtime.engine.torch_model import (TINY, LlamaConfig, LlamaModel, load_config,  # noqa: E402
-                                        load_safetensors, token_ids)
+from runtime.engine.torch_model import (  # noqa: E402
+    TINY,
+    LlamaConfig,
+    LlamaModel,
+    load_config,
+    load_safetensors,
+    token_ids,
+)
 from runtime.knobs import Knobs  # noqa: E402
 
 MIB = 1024 ** 2
@@ -259,8 +265,9 @@ def _hf_state(model: LlamaModel) -> dict[str, torch.Tensor]:
 
 
 def test_safetensors_checkpoint_loads_into_the_executor(tmp_path):
-    from safetensors.torch import save_file
     import json
+
+    from safetensors.torch import save_file
 
     src = LlamaModel(TINY, seed=123)
     save_file(_hf_state(src), str(tmp_path / "model.safetensors"))

@@ -14,8 +14,13 @@ import pytest
 
 from runtime.decider.controller import StaticController
 from runtime.engine.profile import CostModel, Profile
-from runtime.engine.profiling import (FEATURES, balanced_weights, fit_cost_model, nnls,
-                                      relative_errors)
+from runtime.engine.profiling import (
+    FEATURES,
+    balanced_weights,
+    fit_cost_model,
+    nnls,
+    relative_errors,
+)
 from runtime.engine.recording import RecordingExecutor, record_features
 from runtime.engine.sim_executor import SimulatedExecutor
 from runtime.knobs import Knobs
