@@ -27,6 +27,7 @@ import numpy as np
 
 from runtime.decider.decision import Decision
 from runtime.engine.engine import Engine
+from runtime.engine.metrics import IntervalStats
 from runtime.knobs import Knobs
 from runtime.observation import FeatureBuilder
 
@@ -83,11 +84,8 @@ class IntervalRecord:
 
     end_s: float
     """engine time at which the interval closed and the decision was made"""
-    duration_s: float
-    """engine seconds the interval covered"""
-    slo_attainment: float
-    """the closed interval's SLO attainment (what the decider saw)"""
-    arrival_rate_rps: float
+    stats: IntervalStats
+    """the closed interval's engine stats (what the observation was built from)"""
     knobs: Knobs
     """the knobs the decision applied for the next interval"""
     source: str
@@ -99,6 +97,46 @@ class IntervalRecord:
     """wall-clock microseconds the decision took"""
     set_knobs_s: float
     """engine seconds that applying the knobs cost (a KV pool resize stalls the engine)"""
+
+    @property
+    def duration_s(self) -> float:
+        return self.stats.duration_s
+
+    @property
+    def slo_attainment(self) -> float:
+        return self.stats.slo_attainment
+
+    @property
+    def arrival_rate_rps(self) -> float:
+        return self.stats.arrival_rate
+
+    def as_dict(self) -> dict:
+        s = self.stats
+        return {"t_s": self.end_s, "arrivals": s.arrivals, "finished": s.finished, "met": s.met,
+                "violations": s.violations, "slo_attainment": s.slo_attainment,
+                "iterations": s.iterations, "preemptions": s.preemptions, "ooms": s.ooms,
+                "running": s.running, "waiting": s.waiting, "kv_utilization": s.kv_utilization,
+                "knobs": self.knobs.as_dict(), "source": self.source, "reason": self.reason,
+                "decide_us": self.decide_us, "resize_s": self.set_knobs_s}
+
+
+def decide_interval(engine: Engine, decider: Decider, features: FeatureBuilder) -> IntervalRecord:
+    """Close the engine's interval, observe it, ask ``decider``, apply its knobs: the one
+    decision step of every serving loop (simulated or wall-clock)."""
+    stats = engine.collect_interval()
+    obs = features.observe(stats, engine.knobs)
+    t0 = time.perf_counter_ns()
+    answer = decider.decide(obs)
+    decide_us = (time.perf_counter_ns() - t0) * 1e-3
+    if isinstance(answer, Knobs):
+        knobs, source = answer, getattr(decider, "name", type(decider).__name__)
+        reason = version = None
+    else:
+        knobs, source, reason, version = (answer.knobs, answer.source, answer.reason,
+                                          answer.policy_version)
+    decided_at = engine.now
+    cost = engine.set_knobs(knobs)
+    return IntervalRecord(decided_at, stats, knobs, source, reason, version, decide_us, cost)
 
 
 def serve(engine: Engine, decider: Decider, interval_s: float, until_s: float, *,
@@ -131,22 +169,7 @@ def serve(engine: Engine, decider: Decider, interval_s: float, until_s: float, *
         t = k * interval_s
         engine.run_until(t)
         pacer.wait_until(engine.now)
-        stats = engine.collect_interval()
-        obs = features.observe(stats, engine.knobs)
-        t0 = time.perf_counter_ns()
-        answer = decider.decide(obs)
-        decide_us = (time.perf_counter_ns() - t0) * 1e-3
-        if isinstance(answer, Knobs):
-            knobs, source = answer, getattr(decider, "name", type(decider).__name__)
-            reason = version = None
-        else:
-            knobs, source, reason, version = (answer.knobs, answer.source, answer.reason,
-                                              answer.policy_version)
-        decided_at = engine.now
-        cost = engine.set_knobs(knobs)
-        record = IntervalRecord(decided_at, stats.duration_s, stats.slo_attainment,
-                                stats.arrival_rate, knobs, source, reason, version, decide_us,
-                                cost)
+        record = decide_interval(engine, decider, features)
         records.append(record)
         if on_interval is not None:
             on_interval(record)

@@ -22,15 +22,15 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
-
+from runtime.decider.controller import StaticController
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.executor import Batch, DecodeCost, Executor, IterationResult
 from runtime.gc_pause import gc_paused
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 from runtime.observation import FeatureBuilder
+from runtime.serving import Decider, decide_interval
 
 
 class WallClockExecutor:
@@ -95,13 +95,6 @@ class ReplayResult:
     """wall-clock mode: per ``execute`` call, the wall time beyond the executor's measurement"""
 
 
-class Decider(Protocol):
-    """What the loop needs of a controller (:class:`runtime.decider.controller.Controller`
-    and the ONNX decider both qualify)."""
-
-    def decide(self, observation: np.ndarray) -> Knobs: ...
-
-
 def replay(executor: Executor, arrival_s: Sequence[float], prompt_tokens: Sequence[int],
            output_tokens: Sequence[int], *, controller: Decider | None = None,
            knobs: Knobs = DEFAULT_KNOBS, interval_s: float = 1.0, realtime: bool = True,
@@ -137,6 +130,7 @@ def replay(executor: Executor, arrival_s: Sequence[float], prompt_tokens: Sequen
     fb = FeatureBuilder()
     if controller is not None and hasattr(controller, "reset"):
         controller.reset()
+    decider = controller if controller is not None else StaticController(knobs, name="none")
     intervals: list[dict[str, Any]] = []
     next_decision = interval_s
     t0 = time.perf_counter()
@@ -145,19 +139,7 @@ def replay(executor: Executor, arrival_s: Sequence[float], prompt_tokens: Sequen
 
     def decide() -> None:
         nonlocal next_decision
-        stats = eng.collect_interval()
-        obs = fb.observe(stats, eng.knobs)
-        t = time.perf_counter()
-        new = controller.decide(obs) if controller is not None else eng.knobs
-        decide_s = time.perf_counter() - t
-        cost = eng.set_knobs(new)
-        rec = {"t_s": stats.end_s, "arrivals": stats.arrivals, "finished": stats.finished,
-               "met": stats.met, "violations": stats.violations,
-               "slo_attainment": stats.slo_attainment, "iterations": stats.iterations,
-               "preemptions": stats.preemptions, "ooms": stats.ooms,
-               "running": stats.running, "waiting": stats.waiting,
-               "kv_utilization": stats.kv_utilization, "knobs": new.as_dict(),
-               "decide_us": decide_s * 1e6, "resize_s": cost}
+        rec = decide_interval(eng, decider, fb).as_dict()
         intervals.append(rec)
         if on_interval is not None:
             on_interval(rec)
