@@ -189,6 +189,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1 by default: steadier on a shared machine)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timer", choices=("wall", "thread"), default=None,
+                    help="iteration timer (default: thread CPU time on the CPU with one thread, "
+                         "where a shared host's wall clock also measures its neighbours; the "
+                         "wall clock on CUDA)")
     ap.add_argument("--checkpoint", default=None, help="HF safetensors file or folder")
     ap.add_argument("--compare", type=Path, default=None,
                     help="a profile (e.g. the roofline one) to compare the coefficients with")
@@ -201,8 +205,9 @@ def main(argv: list[str] | None = None) -> dict:
     budget_gib = args.budget_gib if args.budget_gib is not None else DEFAULT_BUDGET_GIB[args.shape]
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 7)
     t_start = time.perf_counter()
+    timer = args.timer or ("thread" if args.device == "cpu" and args.threads == 1 else "wall")
     ex = TorchExecutor(cfg, budget_bytes=int(budget_gib * GIB), device=args.device,
-                       seed=args.seed, checkpoint=args.checkpoint)
+                       seed=args.seed, checkpoint=args.checkpoint, timer=timer)
     mem = ex.memory
     num_blocks = mem.num_kv_blocks(PROFILE_RATIO)
     ex.resize_kv(num_blocks, {})
@@ -226,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
         name=name, kind="measured", memory=mem, cost=rep.cost, oom_penalty_s=oom_s,
         resize_fixed_s=resize["resize_fixed_s"], resize_per_gib_s=resize["resize_per_gib_s"],
         block_copy_s=resize["block_copy_s"],
-        hardware={**hw, "memory_budget_gib": budget_gib},
+        hardware={**hw, "memory_budget_gib": budget_gib, "timer": timer},
         model={**cfg.as_dict(), "dtype": str(ex.dtype).replace("torch.", ""),
                "weights": args.checkpoint or f"random (seed {args.seed})"},
         derivation={"script": "scripts/profile_executor.py", "grid": "quick" if args.quick

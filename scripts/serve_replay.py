@@ -61,6 +61,10 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--budget-gib", type=float, default=None)
     ap.add_argument("--checkpoint", default=None, help="HF safetensors file or folder")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--timer", choices=("wall", "thread"), default="wall",
+                    help="iteration timer of the torch executor: wall clock, or the thread's "
+                         "CPU time (CPU, one thread; a replay then runs in engine time, not "
+                         "wall-clock time)")
     ap.add_argument("--trace", type=Path, default=None,
                     help="CSV arrival_s,prompt_tokens,output_tokens (default: Poisson)")
     ap.add_argument("--start", type=float, default=0.0, help="window start in the CSV, seconds")
@@ -105,7 +109,7 @@ def build_torch_executor(args: argparse.Namespace, **kw):
     steady_allocator()  # the same allocator settings the profile was measured under
     return TorchExecutor.for_shape(args.shape, device=args.device, budget_gib=args.budget_gib,
                                    checkpoint=args.checkpoint, max_num_seqs=args.max_num_seqs,
-                                   **kw)
+                                   timer=args.timer, **kw)
 
 
 def warm_up(executor, iterations: int = 5) -> None:
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.executor == "torch":
         executor = build_torch_executor(args)
         warm_up(executor)
-        realtime = True
+        realtime = args.timer == "wall"
     else:
         from runtime.engine.sim_executor import SimulatedExecutor
         executor = SimulatedExecutor(Profile.load(args.profile))

@@ -79,6 +79,11 @@ class TorchExecutor:
     :param keep_logits: keep the last logits of every request (for tests; costs a host copy)
     :param decode_attention: ``"sdpa"`` or ``"matmul"`` (default: sdpa on CUDA, matmul on the
         CPU; see :class:`LlamaModel`)
+    :param timer: ``"wall"`` (default; with a device synchronisation on CUDA) or ``"thread"``:
+        the CPU time of the calling thread, on the CPU with one torch thread only. On a shared
+        machine the wall clock also measures the neighbours (a busy 2-core host stretched
+        identical iterations 2x); the thread's CPU time is what the iteration itself costs, as
+        a dedicated core would see it. Not for wall-clock serving.
     """
 
     def __init__(self, model_config: LlamaConfig, *, budget_bytes: int,
@@ -88,8 +93,16 @@ class TorchExecutor:
                  max_num_seqs: int = 256, act_fixed_bytes: int | None = None,
                  act_bytes_per_token: int | None = None, measure_activations: bool | None = None,
                  cap_process_memory: bool | None = None, keep_logits: bool = False,
-                 decode_attention: str | None = None) -> None:
+                 decode_attention: str | None = None, timer: str = "wall") -> None:
         self.device = torch.device(device) if device is not None else default_device()
+        if timer not in ("wall", "thread"):
+            raise ValueError(f"timer must be 'wall' or 'thread', got {timer!r}")
+        if timer == "thread" and (self.device.type != "cpu" or torch.get_num_threads() != 1):
+            raise ValueError("timer='thread' measures the calling thread: it needs the CPU with "
+                             f"one torch thread (device {self.device}, "
+                             f"{torch.get_num_threads()} threads)")
+        self.timer = timer
+        self._clock = time.thread_time if timer == "thread" else time.perf_counter
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device='cuda' was asked for, but torch sees no CUDA device "
                                f"(torch {torch.__version__})")
@@ -225,16 +238,16 @@ class TorchExecutor:
         return None  # measured, not promised: the engine steps one iteration at a time
 
     def resize_kv(self, num_blocks: int, moves: dict[int, int]) -> float:
-        t0 = time.perf_counter()
+        t0 = self._clock()
         self.kv.resize(num_blocks, moves)
         self._sync()
-        return time.perf_counter() - t0
+        return self._clock() - t0
 
     def execute(self, batch: Batch, kv_cache_ratio: float) -> IterationResult:
-        t0 = time.perf_counter()
+        t0 = self._clock()
         if not self.memory.fits(batch.num_tokens, kv_cache_ratio):
             self.num_budget_ooms += 1
-            return IterationResult(time.perf_counter() - t0, oom=True)
+            return IterationResult(self._clock() - t0, oom=True)
         try:
             plan, ids, pos, rows = self._plan(batch)
             logits = self.model(ids, pos, plan, self.kv)
@@ -252,13 +265,13 @@ class TorchExecutor:
             cpu = logits.cpu()
             for i, r in enumerate(rows):
                 self.last_logits[r.req_id] = cpu[i]
-        return IterationResult(time.perf_counter() - t0)
+        return IterationResult(self._clock() - t0)
 
     def _oom(self, t0: float) -> IterationResult:
         self.num_real_ooms += 1
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        return IterationResult(time.perf_counter() - t0, oom=True)
+        return IterationResult(self._clock() - t0, oom=True)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
