@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 BLOCK_SIZE_TOKENS = 16
 """KV block size in tokens; the chunk knob is a multiple of it."""
 
@@ -143,6 +145,24 @@ def action_to_knobs(action) -> Knobs:
                 _C.high)
     ratio = min(max(_R.low + u2 * (_R.high - _R.low), _R.low), _R.high)
     return Knobs._trusted(float(window), int(chunk), float(ratio))
+
+
+def actions_to_knobs(actions: np.ndarray) -> list[Knobs]:
+    """:func:`action_to_knobs` for ``[n, 3]`` finite actions at once (the REST batch route)."""
+    a = np.clip(np.asarray(actions, dtype=np.float64), -1.0, 1.0)
+    if a.ndim != 2 or a.shape[1] != NUM_KNOBS:
+        raise ValueError(f"actions have shape [n, {NUM_KNOBS}], got {list(a.shape)}")
+    if not np.isfinite(a).all():
+        raise ValueError("actions must be finite")
+    u = (a + 1.0) * 0.5
+    window = np.clip(np.round(np.exp(_W_LOG_LOW + u[:, 0] * _W_LOG_SPAN) / _W.step) * _W.step,
+                     _W.low, _W.high)
+    chunk = np.clip(np.round(np.exp(_C_LOG_LOW + u[:, 1] * _C_LOG_SPAN) / _C.step) * _C.step,
+                    _C.low, _C.high).astype(np.int64)
+    ratio = np.clip(_R.low + u[:, 2] * (_R.high - _R.low), _R.low, _R.high)
+    trusted = Knobs._trusted
+    return [trusted(w, c, r) for w, c, r in zip(window.tolist(), chunk.tolist(),
+                                                 ratio.tolist())]
 
 
 def knobs_to_action(knobs: Knobs) -> tuple[float, float, float]:

@@ -264,3 +264,14 @@ def test_knobs_refuse_out_of_range_values_naming_the_knob():
         Knobs(5.0, 100, 0.9)
     assert DEFAULT_KNOBS.as_tuple() == (5.0, 2048, 0.9)
     assert math.isclose(Knobs.clamped(1000, 1e9, 0.1).batch_window_ms, 200.0)
+
+
+def test_batch_action_mapping_agrees_with_the_single_one():
+    from runtime.knobs import action_to_knobs, actions_to_knobs
+
+    rng = np.random.default_rng(0)
+    actions = rng.uniform(-1.2, 1.2, (5000, 3))
+    actions[:3] = [[-1, -1, -1], [1, 1, 1], [0, 0, 0]]
+    assert actions_to_knobs(actions) == [action_to_knobs(a) for a in actions]
+    with pytest.raises(ValueError, match="must be finite"):
+        actions_to_knobs(np.array([[0.0, np.nan, 0.0]]))
