@@ -208,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_config(argv)
     t_start = time.time()
 
-    # heavy imports after argument parsing, so --help is instant
+    # heavy imports after argument parsing, so --help is instant; W&B's own banner would
+    # misread this project's `agents` package as OpenAI's Agents SDK, and we print where the
+    # run went ourselves
+    os.environ.setdefault("WANDB_SILENT", "true")
     import torch
     import wandb
     from stable_baselines3 import PPO
