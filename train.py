@@ -106,8 +106,9 @@ PRESETS: dict[str, dict] = {
                   eval_episode_s=60.0, final_rate_scales=(1.5,), final_controllers="static",
                   final_capacity=False),
     "default": {},
-    "full": dict(total_timesteps=3_000_000, n_envs=8, n_steps=1024, batch_size=512,
-                 n_epochs=10, eval_every=200_000, net_arch=(64, 64), episode_s=240.0),
+    "full": dict(trace="azure-conv@1.0-2.5,azure-code@0.3-1.2", total_timesteps=2_000_000,
+                 n_envs=4, n_steps=1024, batch_size=512, n_epochs=10, eval_every=100_000,
+                 episode_s=240.0, memory_price=0.02),
 }
 
 
