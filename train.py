@@ -88,6 +88,9 @@ class Config:
     """baselines of the final evaluation (the trained policy is added)"""
     final_capacity: bool = True
     """bisect every controller's capacity in the final evaluation"""
+    final_match_static: float = 0.68
+    """also compare every controller at the load where the static default attains this share
+    (the design documents' headline is 68% -> 99.95%); 0 to skip"""
     out_dir: str = "runs"
     """the run folder is created under this"""
     run_name: str = ""
@@ -104,7 +107,7 @@ PRESETS: dict[str, dict] = {
     "smoke": dict(total_timesteps=2048, n_envs=2, vec_env="dummy", n_steps=256, batch_size=128,
                   n_epochs=2, episode_s=30.0, eval_every=2048, eval_rate_scales=(1.5,),
                   eval_episode_s=60.0, final_rate_scales=(1.5,), final_controllers="static",
-                  final_capacity=False),
+                  final_capacity=False, final_match_static=0.0),
     "default": {},
     "full": dict(trace="azure-conv@1.0-2.5,azure-code@0.3-1.2", total_timesteps=2_000_000,
                  n_envs=4, n_steps=1024, batch_size=512, n_epochs=10, eval_every=100_000,
@@ -400,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     controllers = [c for c in cfg.final_controllers.split(",") if c] + [f"policy:{onnx_path}"]
     result = evaluate(traces, controllers, cfg.final_rate_scales, part="eval",
                       interval_s=cfg.interval_s, capacity=cfg.final_capacity,
-                      workers=cfg.workers)
+                      workers=cfg.workers, match_static=cfg.final_match_static or None)
     plots = plot(result["rows"], run_dir / "plots")
     for r in result["rows"]:
         r.pop("timeline", None)
