@@ -37,7 +37,7 @@ class Config:
     environment copies take them round robin"""
     seed: int = 0
     """seed of python, numpy, torch and the environments"""
-    total_timesteps: int = 400_000
+    total_timesteps: int = 250_000
     """environment steps (decision intervals) to train for"""
     n_envs: int = 4
     """parallel environment copies"""
