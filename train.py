@@ -49,16 +49,22 @@ class Config:
     """minibatch size of the PPO update"""
     n_epochs: int = 5
     """passes over each rollout"""
-    learning_rate: float = 3e-4
+    learning_rate: float = 2e-4
     """Adam learning rate (linearly decayed to 0)"""
-    gamma: float = 0.97
-    """discount per decision interval (0.97 looks ~8 s ahead at 0.25 s)"""
+    gamma: float = 0.98
+    """discount per decision interval (0.98 looks ~12 s ahead at 0.25 s: a burst's queue)"""
     gae_lambda: float = 0.95
     """GAE lambda"""
     clip_range: float = 0.2
     """PPO clip range"""
     ent_coef: float = 0.0
     """entropy bonus"""
+    target_kl: float = 0.02
+    """stop an update's epochs early once the policy moved this far (KL); runs without it
+    peaked and then drifted down as updates overshot"""
+    log_std_init: float = -1.0
+    """initial log standard deviation of the actions (std 0.37 action units: a knob explores
+    around its mean instead of bouncing between the ends of its range)"""
     net_arch: tuple[int, ...] = (64, 64)
     """hidden layers of the policy and value MLPs"""
     episode_s: float = 120.0
@@ -109,8 +115,8 @@ PRESETS: dict[str, dict] = {
                   eval_episode_s=60.0, final_rate_scales=(1.5,), final_controllers="static",
                   final_capacity=False, final_match_static=0.0),
     "default": {},
-    "full": dict(trace="azure-conv@1.0-2.5,azure-code@0.3-1.2", total_timesteps=2_000_000,
-                 n_envs=4, n_steps=1024, batch_size=512, n_epochs=10, eval_every=100_000,
+    "full": dict(trace="azure-conv@1.0-2.5,azure-code@0.3-1.2", total_timesteps=1_000_000,
+                 n_envs=4, n_steps=1024, batch_size=512, n_epochs=5, eval_every=50_000,
                  episode_s=240.0, memory_price=0.02),
 }
 
@@ -290,9 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     model = PPO("MlpPolicy", venv, n_steps=cfg.n_steps, batch_size=cfg.batch_size,
                 n_epochs=cfg.n_epochs, learning_rate=lambda p: cfg.learning_rate * p,
                 gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, clip_range=cfg.clip_range,
-                ent_coef=cfg.ent_coef, seed=cfg.seed, verbose=0, device="cpu",
+                ent_coef=cfg.ent_coef, target_kl=cfg.target_kl, seed=cfg.seed, verbose=0,
+                device="cpu",
                 policy_kwargs=dict(net_arch=dict(pi=list(cfg.net_arch), vf=list(cfg.net_arch)),
-                                   activation_fn=torch.nn.Tanh))
+                                   activation_fn=torch.nn.Tanh, log_std_init=cfg.log_std_init))
     model.set_logger(Logger(str(run_dir), [WandbWriter()]))
 
     # ---------------------------------------------------------------- periodic evaluation
