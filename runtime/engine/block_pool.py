@@ -17,7 +17,7 @@ class BlockPool:
         if num_blocks < 1:
             raise ValueError(f"a block pool needs at least 1 block, got {num_blocks}")
         self.num_blocks = num_blocks
-        self._stack = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)
+        self._stack = np.arange(num_blocks - 1, -1, -1, dtype=np.int32)
         self._top = num_blocks
 
     @property
@@ -61,8 +61,8 @@ class BlockPool:
         """Add ids ``self.num_blocks .. num_blocks-1``; they are handed out after the old ones."""
         if num_blocks < self.num_blocks:
             raise ValueError(f"grow() to {num_blocks} blocks from {self.num_blocks}: use shrink()")
-        new = np.arange(num_blocks - 1, self.num_blocks - 1, -1, dtype=np.int64)
-        stack = np.empty(num_blocks, dtype=np.int64)
+        new = np.arange(num_blocks - 1, self.num_blocks - 1, -1, dtype=np.int32)
+        stack = np.empty(num_blocks, dtype=np.int32)
         stack[:len(new)] = new
         stack[len(new):len(new) + self._top] = self._stack[:self._top]
         self._stack = stack
@@ -89,7 +89,7 @@ class BlockPool:
         free_below = np.flatnonzero(is_free[:num_blocks])  # ascending
         moves = dict(zip(used_above.tolist(), free_below[:len(used_above)].tolist()))
         remaining = free_below[len(used_above):]
-        self._stack = np.empty(num_blocks, dtype=np.int64)
+        self._stack = np.empty(num_blocks, dtype=np.int32)
         self._stack[:len(remaining)] = remaining[::-1]
         self._top = len(remaining)
         self.num_blocks = num_blocks
