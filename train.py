@@ -443,10 +443,9 @@ def main(argv: list[str] | None = None) -> int:
         f"## Config\n\n```json\n{json.dumps(dataclasses.asdict(cfg), indent=1)}\n```\n")
 
     # ---------------------------------------------------------------- W&B artifacts and summary
+    columns = sorted({k for r in result["rows"] for k in r} - {"decision_sources"})
     wandb.log({"final/evaluation": wandb.Table(
-        columns=list(result["rows"][0].keys() - {"decision_sources"}),
-        data=[[r[k] for k in result["rows"][0].keys() - {"decision_sources"}]
-              for r in result["rows"]])})
+        columns=columns, data=[[r.get(k) for k in columns] for r in result["rows"]])})
     for p in plots:
         wandb.log({f"plots/{p.stem}": wandb.Image(str(p))})
     artifact = wandb.Artifact(f"policy-{run_name}", type="model",
