@@ -86,8 +86,8 @@ def test_paged_attention_matches_dense_reference_across_slabs(attention):
     reqs = [scattered_request(pool, i, p, p + 12) for i, p in enumerate((37, 16, 70))]
     prefill(ex, [(r, r.prompt_tokens) for r in reqs])
     for r in reqs:
-        torch.testing.assert_close(ex.last_logits[r.req_id], reference(ex, r.req_id, r.prompt_tokens),
-                                   atol=ATOL, rtol=0)
+        torch.testing.assert_close(ex.last_logits[r.req_id],
+                                   reference(ex, r.req_id, r.prompt_tokens), atol=ATOL, rtol=0)
     for _ in range(6):
         decode_step(ex, reqs)
         for r in reqs:
@@ -112,7 +112,13 @@ def test_mixed_batch_of_decodes_and_prefill_matches_reference():
     torch.testing.assert_close(ex.last_logits[2], reference(ex, 2, 50), atol=ATOL, rtol=0)
 
 
-def test_chunked_prefill_equals_unchunked():
+@pytest.mark.parametrize("continued", ["split", "masked"])
+def test_chunked_prefill_equals_unchunked(continued, monkeypatch):
+    # split: the CPU's context + own-block attention merged by log-sum-exp; masked: one SDPA call
+    # with the bottom-right causal mask (the CUDA path, and the CPU's without the flash operator)
+    if continued == "masked":
+        import runtime.engine.torch_model as tm
+        monkeypatch.setattr(tm, "_cpu_flash_with_lse", lambda: None)
     ex = make_executor()
     ex.resize_kv(64, {})
     pool = BlockPool(64)
@@ -216,6 +222,16 @@ def test_decode_time_follows_the_summed_context_not_the_longest():
     assert statistics.median(times[8192]) > statistics.median(times[256])
 
 
+def test_a_position_beyond_the_rotary_table_is_refused_by_name():
+    ex = make_executor()
+    ex.resize_kv(600, {})
+    r = scattered_request(BlockPool(600), 5, TINY.max_position, TINY.max_position + 1)
+    r.num_computed_tokens = TINY.max_position  # decoding position max_position
+    with pytest.raises(ValueError, match=r"request 5: position 4096 is beyond the model's "
+                                         r"max_position=4096"):
+        ex.execute(make_batch([r], []), 0.5)
+
+
 # ---------------------------------------------------------------------- memory
 def test_oom_under_a_small_budget_is_reported_not_raised():
     ex = make_executor(budget_bytes=8 * MIB, act_fixed_bytes=0, act_bytes_per_token=4096)
@@ -314,7 +330,8 @@ def _hf_state(model: LlamaModel) -> dict[str, torch.Tensor]:
         q, k, v = layer.qkv_proj.split((nh * hd, nkv * hd, nkv * hd))
         g, u = layer.gate_up_proj.split((i_, i_))
         sd.update({pre + "self_attn.q_proj.weight": q, pre + "self_attn.k_proj.weight": k,
-                   pre + "self_attn.v_proj.weight": v, pre + "self_attn.o_proj.weight": layer.o_proj,
+                   pre + "self_attn.v_proj.weight": v,
+                   pre + "self_attn.o_proj.weight": layer.o_proj,
                    pre + "mlp.gate_proj.weight": g, pre + "mlp.up_proj.weight": u,
                    pre + "mlp.down_proj.weight": layer.down_proj,
                    pre + "input_layernorm.weight": layer.input_norm,
