@@ -315,62 +315,74 @@ class TorchExecutor:
         tables are numpy operations over the concatenation, so the host work per iteration is a
         constant plus a small amount per request and per block. Only the prefill chunks (a few
         per iteration) get one Python step each."""
-        bs = self.block_size
+        plan = AttentionPlan(num_decodes=len(batch.decodes), writes=[])
+        decodes, req_d, pos_d, slot_d = self._plan_decodes(batch.decodes, plan)
+        preqs, req_p, pos_p, slot_p, last_p = self._plan_prefills(batch.prefills, plan)
+        slots = np.concatenate((slot_d, slot_p))
+        if len(slots):
+            plan.writes = self.kv.split_slots(slots)
         dev = self.device
-        decodes = batch.decodes
+        sample = np.concatenate((np.arange(len(decodes), dtype=np.int64), last_p))
+        plan.sample_rows = torch.from_numpy(sample).to(dev)
+        pos_t = torch.from_numpy(np.concatenate((pos_d, pos_p))).to(dev)
+        req_t = torch.from_numpy(np.concatenate((req_d, req_p))).to(dev)
+        return plan, token_ids(req_t, pos_t, self.cfg.vocab_size), pos_t, decodes + preqs
+
+    def _plan_decodes(self, decodes: list[Request], plan: AttentionPlan
+                      ) -> tuple[list[Request], np.ndarray, np.ndarray, np.ndarray]:
+        """The decode rows: their requests in row order, and per row the request id, the
+        position and the KV slot of the new token; fills the plan's runs (or groups)."""
         nd = len(decodes)
+        if not nd:  # (common: skip the fixed cost of the numpy calls below)
+            return [], _NONE, _NONE, _NONE
+        bs = self.block_size
         ctx = np.fromiter(map(_COMPUTED, decodes), dtype=np.int64, count=nd) + 1
         if self.model.decode_attention == "sdpa" and nd > 1:
             order = np.argsort(-ctx, kind="stable")
             ctx = ctx[order]
             decodes = [decodes[i] for i in order]
+        else:
+            decodes = list(decodes)
         tables, offsets, lens = _concat_tables(decodes)
         _check_positions(decodes, ctx, self.cfg.max_position)
         need = -(-ctx // bs)
         _check_tables(decodes, need, lens, ctx - 1, "decode at position")
-        pos_d = ctx - 1
-        slot_d = tables[offsets + pos_d // bs] * bs + pos_d % bs
-        plan = AttentionPlan(num_decodes=nd, writes=[])
-        rows: list[Request] = list(decodes)
-        if nd:
-            if self.model.decode_attention == "ragged":
-                plan.decode_runs = self._ragged_runs(tables, offsets, need, ctx)
-            else:
-                plan.decode_groups = self._sdpa_groups(tables, offsets, need, ctx)
+        pos = ctx - 1
+        slots = tables[offsets + pos // bs] * bs + pos % bs
+        if self.model.decode_attention == "ragged":
+            plan.decode_runs = self._ragged_runs(tables, offsets, need, ctx)
+        else:
+            plan.decode_groups = self._sdpa_groups(tables, offsets, need, ctx)
+        req = np.fromiter(map(_REQ_ID, decodes), dtype=np.int64, count=nd)
+        return decodes, req, pos, slots
 
-        prefills = batch.prefills
+    def _plan_prefills(self, prefills: list[tuple[Request, int]], plan: AttentionPlan
+                       ) -> tuple[list[Request], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The prefill rows, after the plan's decode rows: the chunks' requests, and per row
+        the request id, the position and the KV slot, and each chunk's last row (sampled);
+        fills the plan's chunks."""
         npf = len(prefills)
+        if not npf:
+            return [], _NONE, _NONE, _NONE, _NONE
+        bs = self.block_size
         preqs = [r for r, _ in prefills]
         start = np.fromiter(map(_COMPUTED, preqs), dtype=np.int64, count=npf)
         cnt = np.fromiter((n for _, n in prefills), dtype=np.int64, count=npf)
         end = start + cnt
-        ptables, poffsets, plens = _concat_tables(preqs)
+        tables, offsets, lens = _concat_tables(preqs)
         _check_positions(preqs, end, self.cfg.max_position)
-        pneed = -(-end // bs)
-        _check_tables(preqs, pneed, plens, end - 1, "a prefill to position")
-        first = np.cumsum(cnt) - cnt  # each chunk's first row among the prefill rows
+        need = -(-end // bs)
+        _check_tables(preqs, need, lens, end - 1, "a prefill to position")
+        first = plan.num_decodes + np.cumsum(cnt) - cnt  # each chunk's first row
         seg = np.repeat(np.arange(npf), cnt)
-        pos_p = start[seg] + np.arange(int(cnt.sum())) - first[seg]
-        slot_p = ptables[poffsets[seg] + pos_p // bs] * bs + pos_p % bs
-        for i, (s0, n, e, o, k) in enumerate(zip(start.tolist(), cnt.tolist(), end.tolist(),
-                                                  poffsets.tolist(), pneed.tolist())):
-            table = None if s0 == 0 else self.kv.table(ptables[o:o + k][None, :])
-            row = nd + int(first[i])
+        pos = start[seg] + np.arange(len(seg)) + plan.num_decodes - first[seg]
+        slots = tables[offsets[seg] + pos // bs] * bs + pos % bs
+        for s0, row, n, e, o, k in zip(start.tolist(), first.tolist(), cnt.tolist(),
+                                       end.tolist(), offsets.tolist(), need.tolist()):
+            table = None if s0 == 0 else self.kv.table(tables[o:o + k][None, :])
             plan.prefill_chunks.append(PrefillChunk(row, row + n, e, table))
-        rows += preqs
-
-        req_d = np.fromiter(map(_REQ_ID, decodes), dtype=np.int64, count=nd)
-        req_p = np.fromiter(map(_REQ_ID, preqs), dtype=np.int64, count=npf)
-        req = np.concatenate((req_d, np.repeat(req_p, cnt)))
-        pos = np.concatenate((pos_d, pos_p))
-        slots = np.concatenate((slot_d, slot_p))
-        if len(slots):
-            plan.writes = self.kv.split_slots(slots)
-        sample = np.concatenate((np.arange(nd, dtype=np.int64), nd + first + cnt - 1))
-        plan.sample_rows = torch.from_numpy(sample).to(dev)
-        pos_t = torch.from_numpy(pos).to(dev)
-        ids = token_ids(torch.from_numpy(req).to(dev), pos_t, self.cfg.vocab_size)
-        return plan, ids, pos_t, rows
+        req = np.fromiter(map(_REQ_ID, preqs), dtype=np.int64, count=npf)
+        return preqs, np.repeat(req, cnt), pos, slots, first + cnt - 1
 
     @property
     def _layer_block_bytes(self) -> int:
@@ -436,6 +448,7 @@ class TorchExecutor:
         return groups
 
 
+_NONE = np.empty(0, dtype=np.int64)
 _COMPUTED = operator.attrgetter("num_computed_tokens")
 _REQ_ID = operator.attrgetter("req_id")
 _BLOCK_IDS = operator.attrgetter("block_ids")
