@@ -19,7 +19,18 @@ Figures (relative errors are |simulated - measured| / measured):
 - ``ttft_p50_err``, ``ttft_p99_err``, ``tpot_p50_err``, ``tpot_p99_err``: the replays' percentiles;
 - ``attainment_diff``: simulated minus measured SLO attainment, in percentage points (signed);
 - ``shipped_profile_iter_err_median``: the same iteration error with the shipped profile's own
-  coefficients (how far the offline grid fit carries to serving conditions).
+  coefficients (how far the offline grid fit carries to serving conditions);
+- ``retime`` (with ``--retime N`` > 0, the default on the CPU): where the iteration error comes
+  from. A random sample of N measured iterations is rebuilt (same decode contexts and prefill
+  chunks on synthetic requests) and timed again, ``--retime-repeats`` times each in shuffled
+  passes: ``repeat_noise_median`` is how far one timing of a batch lies from the median of its
+  own repeats (the measurement noise: no cost model can predict single timings closer than
+  about this); ``replay_over_retimed_by_decile`` is the in-replay time over the re-timed median,
+  per tenth of the replay (the host's speed drifting during the replay, and since);
+  ``shape_fit_err_median`` is the error of the cost model fitted to the re-timed medians
+  themselves (how well the executor's cost has the cost model's shape once noise and drift are
+  averaged out), and ``calibrated_err_vs_retimed_median`` the simulator's cost model against
+  those medians.
 
 The SLO targets default to values scaled to the shape's speed (see ``serve_replay.py``).
 
@@ -44,17 +55,84 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime.engine.profile import PROFILE_DIR, Profile  # noqa: E402
-from runtime.engine.profiling import fit_cost_model, predict  # noqa: E402
+from serve_replay import add_common_args, build_torch_executor, run, warm_up  # noqa: E402
+
+from runtime.engine.executor import Executor  # noqa: E402
+from runtime.engine.profile import PROFILE_DIR, CostModel, Profile  # noqa: E402
+from runtime.engine.profiling import (  # noqa: E402
+    SyntheticRequests,
+    batch_features,
+    fit_cost_model,
+    make_batch,
+    predict,
+)
 from runtime.engine.recording import RecordingExecutor, record_features  # noqa: E402
 from runtime.engine.sim_executor import SimulatedExecutor  # noqa: E402
-from serve_replay import add_common_args, build_torch_executor, run, warm_up  # noqa: E402
+from runtime.gc_pause import gc_paused  # noqa: E402
 
 DEFAULT_PROFILES = {"tiny": PROFILE_DIR / "cpu-tiny-measured.json"}
 
 
 def rel(sim: float, meas: float) -> float:
     return abs(sim - meas) / meas if meas > 0 else (0.0 if sim == 0 else float("inf"))
+
+
+KINDS = ("decode_only", "prefill_only", "mixed")
+
+
+def kind_masks(x: np.ndarray) -> dict[str, np.ndarray]:
+    """Feature rows by iteration kind (no prefill tokens / no decodes / both)."""
+    return {"decode_only": x[:, 1] == 0, "prefill_only": x[:, 3] == 0,
+            "mixed": (x[:, 1] > 0) & (x[:, 3] > 0)}
+
+
+def retime(executor: Executor, rec: RecordingExecutor, cost: CostModel, kv_cache_ratio: float,
+           samples: int, repeats: int, seed: int) -> dict:
+    """Time a random sample of the recorded iterations again (see the module docstring)."""
+    ran = [i for i, r in enumerate(rec.records) if not r.oom]
+    rng = np.random.default_rng(seed)
+    idx = np.sort(rng.choice(ran, size=min(samples, len(ran)), replace=False))
+    num_blocks = executor.memory.num_kv_blocks(kv_cache_ratio)
+    executor.resize_kv(num_blocks, {})
+    synth = SyntheticRequests(num_blocks, executor.memory.block_size)
+    batches = []
+    for i in idx:
+        decodes, prefills = rec.shapes[i]
+        b = make_batch([synth.decode(c) for c in decodes],
+                       [synth.prefill(s, n) for s, n in prefills])
+        synth.release(b)  # one batch runs at a time: they share the blocks
+        batches.append(b)
+    times: list[list[float]] = [[] for _ in batches]
+    with gc_paused():
+        for k in range(repeats + 1):  # the first pass warms up
+            for j in rng.permutation(len(batches)):
+                res = executor.execute(batches[j], kv_cache_ratio)
+                if res.oom:
+                    raise RuntimeError(f"re-timing iteration {idx[j]}: out of memory, though "
+                                       "it ran in the replay")
+                if k:
+                    times[j].append(res.duration_s)
+    t = np.array(times)
+    med = np.median(t, axis=1)
+    x = np.stack([batch_features(b) for b in batches])
+    replay_t = np.array([rec.records[i].duration_s for i in idx])
+    ratio = replay_t / med
+    shape_cost = fit_cost_model(x, med)
+    shape_err = np.abs(predict(shape_cost, x) - med) / med
+    masks = kind_masks(x)
+    return {
+        "iterations": int(len(idx)), "repeats": repeats,
+        "repeat_noise_median": float(np.median(np.abs(t - med[:, None]) / med[:, None])),
+        "replay_over_retimed_p10_p50_p90": [float(v) for v in np.percentile(ratio, [10, 50, 90])],
+        "replay_over_retimed_by_decile": [float(np.median(c)) for c in np.array_split(ratio, 10)
+                                          if len(c)],
+        "shape_fit_err_median": float(np.median(shape_err)),
+        "shape_fit_err_median_by_kind": {k: float(np.median(shape_err[m]))
+                                         for k, m in masks.items() if m.any()},
+        "calibrated_err_vs_retimed_median": float(np.median(
+            np.abs(predict(cost, x) - med) / med)),
+        "shape_fit_cost": dataclasses.asdict(shape_cost),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -66,9 +144,17 @@ def main(argv: list[str] | None = None) -> dict:
                     help="length of the in-situ calibration window (0: use the profile as is)")
     ap.add_argument("--json", action="store_true", help="print only the JSON figures")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON (with details)")
+    ap.add_argument("--retime", type=int, default=None,
+                    help="measured iterations to time again for the noise/drift/shape "
+                         "breakdown (0: skip; default 120 on the CPU, 0 on CUDA, where it "
+                         "would cost minutes of accelerator time)")
+    ap.add_argument("--retime-repeats", type=int, default=4,
+                    help="timings of every re-timed iteration")
     ap.set_defaults(rate=20.0, duration=40.0)
     args = ap.parse_args(argv)
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
+    if args.retime is None:
+        args.retime = 120 if args.device == "cpu" else 0
 
     profile_path = args.profile or DEFAULT_PROFILES.get(args.shape)
     if profile_path is None:
@@ -95,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
         calib = {"iterations": int(len(y)), "seconds": args.calibrate_seconds,
                  "fit_rel_err_median": float(np.median(np.abs(predict(cost, x) - y) / y)),
                  "cost": dataclasses.asdict(cost)}
-    rec = RecordingExecutor(torch_ex)
+    rec = RecordingExecutor(torch_ex, keep_shapes=args.retime > 0)
     log(f"measured replay ({args.timer} timer, {args.duration:g} s window) ...")
     measured = run(args, rec, realtime=args.timer == "wall")
     torch_s = time.perf_counter() - t
@@ -107,8 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     x, y = record_features(rec.records, measured.iteration_lags or None)
     err = np.abs(predict(profile.cost, x) - y) / y
     shipped_err = np.abs(predict(shipped.cost, x) - y) / y
-    kinds = {"decode_only": x[:, 1] == 0, "prefill_only": x[:, 3] == 0,
-             "mixed": (x[:, 1] > 0) & (x[:, 3] > 0)}
+    kinds = kind_masks(x)
     m, s = measured.summary, simulated.summary
     out = {
         "iter_err_median": float(np.median(err)),
@@ -138,6 +223,10 @@ def main(argv: list[str] | None = None) -> dict:
         "controller": args.controller, "rate_rps": args.rate, "duration_s": args.duration,
         "torch_replays_s": torch_s, "sim_replay_s": sim_s,
     }
+    if args.retime > 0:
+        log(f"re-timing {args.retime} measured iterations x {args.retime_repeats} ...")
+        out["retime"] = retime(torch_ex, rec, profile.cost, args.ratio, args.retime,
+                               args.retime_repeats, args.seed)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({**out, "intervals_measured": measured.intervals,

@@ -185,7 +185,10 @@ def main(argv: list[str] | None = None) -> dict:
                     help="memory budget (default: 0.25 for tiny, 40 for llama2-7b)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats")
-    ap.add_argument("--repeats", type=int, default=None, help="timed runs per point (median)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="timed runs per point, of which the median is fitted (default: 3 with "
+                         "--quick; else 15 on the CPU, whose shared hosts spread single timings "
+                         "by 5-15%%, and 7 on CUDA)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (1 by default: steadier on a shared machine)")
     ap.add_argument("--seed", type=int, default=0)
@@ -203,7 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
     steady_allocator()
     cfg: LlamaConfig = SHAPES[args.shape]
     budget_gib = args.budget_gib if args.budget_gib is not None else DEFAULT_BUDGET_GIB[args.shape]
-    repeats = args.repeats if args.repeats is not None else (3 if args.quick else 7)
+    repeats = (args.repeats if args.repeats is not None else 3 if args.quick
+               else 15 if args.device == "cpu" else 7)
     t_start = time.perf_counter()
     timer = args.timer or ("thread" if args.device == "cpu" and args.threads == 1 else "wall")
     ex = TorchExecutor(cfg, budget_bytes=int(budget_gib * GIB), device=args.device,

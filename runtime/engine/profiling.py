@@ -8,8 +8,18 @@ error, and reports the fit error on points held out of the fit.
 Why non-negative least squares on relative error: every coefficient is a time per unit of work and
 must not be negative (an unconstrained fit happily trades a negative prefill term against a large
 constant); and iteration times span three decades over the grid, so absolute least squares would
-fit the largest prefills and ignore the decode steps that make up most iterations. Dividing every
-row by its measured time makes the fit minimise squared relative error.
+fit the largest prefills and ignore the decode steps that make up most iterations. Every row is
+divided by its time, so that the fit minimises squared relative error.
+
+Relative to which time: the fitted one. Dividing by the measured time weights every row by
+1 / measured^2, which favours the fast measurements of a batch over its slow ones: with the
+timing noise of a shared host (single iterations spread +-10-20%, with a long right tail from
+preemptions and cold caches) that fit lands several percent below both the median and the mean
+of the times it was fitted to (measured in situ on the CPU tiny shape: -7% to -9% at the
+median). So the fit starts from the measured-time weights and then re-weights by its own
+predictions until they settle (iteratively reweighted least squares with variance proportional
+to the mean squared, the gamma family's): the fitted time of a batch is then the mean of its
+measurements. On low-noise data (medians of repeats) both weightings agree.
 """
 
 from __future__ import annotations
@@ -223,22 +233,36 @@ def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12, max_iter: int = 200) 
 
 
 def fit_cost_model(features: np.ndarray, times_s: np.ndarray,
-                   weights: np.ndarray | None = None) -> CostModel:
-    """Fit the cost model's five coefficients (all >= 0) minimising (weighted) squared relative
-    error. ``features`` rows are ``[1, prefill tokens, attention pairs, decode seqs, decode
-    context tokens]``."""
+                   weights: np.ndarray | None = None, max_iter: int = 20) -> CostModel:
+    """Fit the cost model's five coefficients (all >= 0) minimising (weighted) squared error
+    relative to the fitted times (see the module docstring: measured-time weights, then up to
+    ``max_iter`` re-weightings by the fit's own predictions). ``features`` rows are
+    ``[1, prefill tokens, attention pairs, decode seqs, decode context tokens]``."""
     if features.shape[0] < features.shape[1]:
         raise ValueError(f"{features.shape[0]} measurements cannot fit {features.shape[1]} "
                          "coefficients")
-    a = features / times_s[:, None]
-    b = np.ones(len(times_s))
-    if weights is not None:
-        w = np.sqrt(np.asarray(weights, dtype=np.float64))
-        a, b = a * w[:, None], b * w
-    scale = np.abs(a).max(axis=0)
-    scale[scale == 0] = 1.0  # a feature absent from the grid keeps coefficient 0
-    coef = nnls(a / scale, b) / scale
+    w = np.sqrt(np.asarray(weights, dtype=np.float64)) if weights is not None else 1.0
+    coef = _nnls_relative(features, times_s, times_s, w)
+    for _ in range(max_iter):
+        fitted = features @ coef
+        if (fitted <= 0).any():  # a row whose features the fit prices at 0: keep its weight
+            fitted = np.where(fitted > 0, fitted, times_s)
+        new = _nnls_relative(features, times_s, fitted, w)
+        done = np.allclose(new, coef, rtol=1e-6, atol=0.0)
+        coef = new
+        if done:
+            break
     return CostModel(*(float(c) for c in coef))
+
+
+def _nnls_relative(features: np.ndarray, times_s: np.ndarray, scale_s: np.ndarray,
+                   w: np.ndarray | float) -> np.ndarray:
+    """NNLS of ``features @ coef ~ times_s`` with every row divided by ``scale_s``."""
+    a = features / scale_s[:, None] * (w[:, None] if isinstance(w, np.ndarray) else w)
+    b = times_s / scale_s * w
+    col = np.abs(a).max(axis=0)
+    col[col == 0] = 1.0  # a feature absent from the data keeps coefficient 0
+    return nnls(a / col, b) / col
 
 
 def balanced_weights(*group_sizes: int) -> np.ndarray:

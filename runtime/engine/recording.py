@@ -22,18 +22,31 @@ class IterationRecord:
     oom: bool
 
 
+BatchShape = tuple[tuple[int, ...], tuple[tuple[int, int], ...]]
+"""an iteration's batch as numbers: the decodes' contexts, and the prefill chunks as
+``(computed tokens before the chunk, chunk tokens)``; enough to rebuild a batch of the same
+work (:func:`runtime.engine.profiling.make_batch` over synthetic requests)"""
+
+
 class RecordingExecutor:
     """Wraps an executor and records every iteration (for fidelity checks).
 
     :param inner: the executor to record
+    :param keep_shapes: also keep every iteration's :data:`BatchShape` in ``shapes`` (parallel
+        to ``records``), so that the same batches can be timed again later
     """
 
-    def __init__(self, inner: Executor) -> None:
+    def __init__(self, inner: Executor, keep_shapes: bool = False) -> None:
         self.inner = inner
         self.memory = inner.memory
         self.records: list[IterationRecord] = []
+        self.keep_shapes = keep_shapes
+        self.shapes: list[BatchShape] = []
 
     def execute(self, batch: Batch, kv_cache_ratio: float) -> IterationResult:
+        if self.keep_shapes:  # before the iteration: the engine advances the requests after it
+            self.shapes.append((tuple(r.num_computed_tokens + 1 for r in batch.decodes),
+                                tuple((r.num_computed_tokens, n) for r, n in batch.prefills)))
         res = self.inner.execute(batch, kv_cache_ratio)
         self.records.append(IterationRecord(batch.prefill_tokens, batch.prefill_attn_pairs,
                                             len(batch.decodes), batch.decode_ctx_tokens,

@@ -2,8 +2,14 @@
 
 Every engine iteration is one packed forward pass: the decode tokens (one per running request)
 and the prefill chunks go through every GEMM together; attention reads each request's KV through
-its block table (``Request.block_ids``). Decodes are attended in a few length-sorted groups with a
-length mask (no loop over sequences); prefill chunks, a few per iteration, one call each.
+its block table (``Request.block_ids``). Decodes are attended without a loop over sequences: on
+the CPU (``decode_attention="ragged"``) as pages of every sequence's own context, so the work
+follows the summed context the cost model prices (a padded batch would cost sequences x the
+longest context); on CUDA (``"sdpa"``) in a few length-sorted groups padded to their longest, one
+fused SDPA call each. Prefill chunks, a few per iteration, take one call each (two for a chunk
+with earlier context on the CPU, so that it costs its attention pairs; see
+:meth:`LlamaModel._continued_chunk`). The plan is built with numpy over the concatenated block
+tables, so the host work per iteration is a constant plus a little per request and per block.
 
 Memory. The executor plans with a :class:`MemoryModel` like the simulator's: a budget (40 GiB for
 the default shape on an H200; a few hundred MiB for the CPU tiny shape), the real weight bytes,
@@ -18,20 +24,23 @@ Activation estimate (``act_bytes_per_token``, ``act_fixed_bytes``) when not give
 tensors alive at the widest point of a layer (residual, normed input, fused QKV, rotated q/k,
 attention output, fused gate/up, SiLU and product) in the model dtype plus fp32 norm statistics,
 with 25% allocator slack; fixed, the fp32 logits of ``max_num_seqs`` sampled rows, two copies of
-one decode group's gathered KV (the gather and SDPA's contiguous copy), and one prefill chunk's
-gathered context at ``max_position`` (with the GQA head expansion). On CUDA the per-token slope is
+one decode run's or group's gathered KV (the gather and, for sdpa, the kernel's contiguous copy;
+for ragged, the fp32 scores and page outputs, far smaller), and one prefill chunk's gathered
+context at ``max_position`` (with the GQA head expansion). On CUDA the per-token slope is
 measured instead from the allocator's peak over two prefill sizes (``measure_activations``).
 The CPU's SDPA materialises prefill attention scores (quadratic in the chunk); that is not
 modelled, since the CPU budget is a test fixture, not a physical limit.
 
 Not done, and why: no CUDA graphs and no fused paged-attention kernel (the decode path gathers
-the blocks of a group into a padded tensor, then runs SDPA), so a decode step pays eager kernel
-launches and reads the KV about three times; the profile measures what this executor does.
+the blocks it reads into a temporary, then multiplies), so a decode step pays eager kernel
+launches and reads the KV about twice; the profile measures what this executor does.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 import time
 from typing import TYPE_CHECKING
 
@@ -39,7 +48,14 @@ import numpy as np
 import torch
 
 from runtime.engine.executor import Batch, DecodeCost, IterationResult, MemoryModel
-from runtime.engine.torch_kv import (AttentionPlan, DecodeGroup, PagedKVCache, PrefillChunk)
+from runtime.engine.torch_kv import (
+    AttentionPlan,
+    DecodeGroup,
+    GatherTable,
+    PagedKVCache,
+    PrefillChunk,
+    RaggedDecodeRun,
+)
 from runtime.engine.torch_model import LlamaConfig, LlamaModel, load_safetensors, token_ids
 
 if TYPE_CHECKING:
@@ -68,8 +84,11 @@ class TorchExecutor:
     :param seed: seed of the random weights
     :param checkpoint: a Hugging Face Llama safetensors file or folder to load instead
     :param slab_blocks: KV blocks per slab (default: the pool at ratio 0.95 in ``MAX_SLABS``)
-    :param decode_gather_bytes: the most KV bytes (per layer) one decode group gathers
-        (default: 1% of the memory after weights, clamped to 64 KiB .. 256 MiB)
+    :param decode_gather_bytes: the most KV bytes (per layer) one decode run (ragged) or group
+        (sdpa) gathers (default: 1% of the memory after weights, clamped to 64 KiB .. 256 MiB)
+    :param decode_page_tokens: keys per page of the ragged decode attention, a multiple of
+        ``block_size`` (default: 64 tokens, at least one block). Larger pages make fewer,
+        larger GEMMs; each sequence pads its last page, under one page of extra work.
     :param max_num_seqs: the most sequences sampled in one iteration (sizes the logits workspace)
     :param act_fixed_bytes: override the fixed activation workspace estimate
     :param act_bytes_per_token: override the per-token activation estimate
@@ -77,7 +96,7 @@ class TorchExecutor:
     :param cap_process_memory: cap the CUDA allocator at the budget (plus one slab, the
         transient of a resize), so the budget is real (default on CUDA)
     :param keep_logits: keep the last logits of every request (for tests; costs a host copy)
-    :param decode_attention: ``"sdpa"`` or ``"matmul"`` (default: sdpa on CUDA, matmul on the
+    :param decode_attention: ``"ragged"`` or ``"sdpa"`` (default: sdpa on CUDA, ragged on the
         CPU; see :class:`LlamaModel`)
     :param timer: ``"wall"`` (default; with a device synchronisation on CUDA) or ``"thread"``:
         the CPU time of the calling thread, on the CPU with one torch thread only. On a shared
@@ -93,7 +112,8 @@ class TorchExecutor:
                  max_num_seqs: int = 256, act_fixed_bytes: int | None = None,
                  act_bytes_per_token: int | None = None, measure_activations: bool | None = None,
                  cap_process_memory: bool | None = None, keep_logits: bool = False,
-                 decode_attention: str | None = None, timer: str = "wall") -> None:
+                 decode_attention: str | None = None, decode_page_tokens: int | None = None,
+                 timer: str = "wall") -> None:
         self.device = torch.device(device) if device is not None else default_device()
         if timer not in ("wall", "thread"):
             raise ValueError(f"timer must be 'wall' or 'thread', got {timer!r}")
@@ -135,6 +155,12 @@ class TorchExecutor:
         if self.decode_gather_bytes < kv_layer_block:
             raise ValueError(f"decode_gather_bytes={self.decode_gather_bytes} cannot hold one "
                              f"block of one layer ({kv_layer_block} bytes)")
+        if decode_page_tokens is None:
+            decode_page_tokens = block_size * max(1, 64 // block_size)
+        if decode_page_tokens < block_size or decode_page_tokens % block_size:
+            raise ValueError(f"decode_page_tokens={decode_page_tokens} is not a positive "
+                             f"multiple of block_size={block_size}")
+        self.decode_page_tokens = decode_page_tokens
         est_fixed, est_token = self._estimate_activations()
         self.activation_source = "estimate"
         if measure_activations if measure_activations is not None else on_cuda:
@@ -162,7 +188,7 @@ class TorchExecutor:
 
     @classmethod
     def for_shape(cls, shape: str, device: str | None = None, budget_gib: float | None = None,
-                  **kw) -> "TorchExecutor":
+                  **kw) -> TorchExecutor:
         """An executor for a named shape (``tiny`` or ``llama2-7b``) with its default budget
         (0.25 GiB for tiny, 40 GiB for llama2-7b); other keywords go to the constructor."""
         from runtime.engine.torch_model import SHAPES
@@ -279,75 +305,181 @@ class TorchExecutor:
 
     # ------------------------------------------------------------------ planning
     def _plan(self, batch: Batch) -> tuple[AttentionPlan, torch.Tensor, torch.Tensor,
-                                           list["Request"]]:
-        """Pack a batch: decodes first (longest context first), then the prefill chunks.
-        Returns the plan, token ids, positions and the request of every sampled row."""
-        bs = self.block_size
-        kv = self.kv
+                                           list[Request]]:
+        """Pack a batch: decodes first (in batch order for the ragged attention; longest
+        context first for the sdpa groups), then the prefill chunks. Returns the plan, token
+        ids, positions and the request of every sampled row.
+
+        Vectorised over requests: each request's block table is read once (its list is
+        concatenated into one array), and the token ids, positions, write slots and gather
+        tables are numpy operations over the concatenation, so the host work per iteration is a
+        constant plus a small amount per request and per block. Only the prefill chunks (a few
+        per iteration) get one Python step each."""
+        plan = AttentionPlan(num_decodes=len(batch.decodes), writes=[])
+        decodes, req_d, pos_d, slot_d = self._plan_decodes(batch.decodes, plan)
+        preqs, req_p, pos_p, slot_p, last_p = self._plan_prefills(batch.prefills, plan)
+        slots = np.concatenate((slot_d, slot_p))
+        if len(slots):
+            plan.writes = self.kv.split_slots(slots)
         dev = self.device
-        decodes = batch.decodes
+        sample = np.concatenate((np.arange(len(decodes), dtype=np.int64), last_p))
+        plan.sample_rows = torch.from_numpy(sample).to(dev)
+        pos_t = torch.from_numpy(np.concatenate((pos_d, pos_p))).to(dev)
+        req_t = torch.from_numpy(np.concatenate((req_d, req_p))).to(dev)
+        return plan, token_ids(req_t, pos_t, self.cfg.vocab_size), pos_t, decodes + preqs
+
+    def _plan_decodes(self, decodes: list[Request], plan: AttentionPlan
+                      ) -> tuple[list[Request], np.ndarray, np.ndarray, np.ndarray]:
+        """The decode rows: their requests in row order, and per row the request id, the
+        position and the KV slot of the new token; fills the plan's runs (or groups)."""
         nd = len(decodes)
-        ctx = np.fromiter((r.num_computed_tokens + 1 for r in decodes), dtype=np.int64, count=nd)
-        order = np.argsort(-ctx, kind="stable")
-        ctx = ctx[order]
-        dec = [decodes[i] for i in order]
-        total = nd + sum(n for _, n in batch.prefills)
-        req = np.empty(total, dtype=np.int64)
-        pos = np.empty(total, dtype=np.int64)
-        slots = np.empty(total, dtype=np.int64)
-        nblocks = -(-ctx // bs)
-        for j, r in enumerate(dec):
-            p = ctx[j] - 1
-            if nblocks[j] > len(r.block_ids):
-                raise ValueError(f"request {r.req_id}: decode at position {p} needs "
-                                 f"{nblocks[j]} blocks, its block table has {len(r.block_ids)}")
-            req[j] = r.req_id
-            pos[j] = p
-            slots[j] = r.block_ids[p // bs] * bs + p % bs
-        plan = AttentionPlan(num_decodes=nd, writes=[])
-        rows: list[Request] = list(dec)
-        sample = list(range(nd))
+        if not nd:  # (common: skip the fixed cost of the numpy calls below)
+            return [], _NONE, _NONE, _NONE
+        bs = self.block_size
+        ctx = np.fromiter(map(_COMPUTED, decodes), dtype=np.int64, count=nd) + 1
+        if self.model.decode_attention == "sdpa" and nd > 1:
+            order = np.argsort(-ctx, kind="stable")
+            ctx = ctx[order]
+            decodes = [decodes[i] for i in order]
+        else:
+            decodes = list(decodes)
+        tables, offsets, lens = _concat_tables(decodes)
+        _check_positions(decodes, ctx, self.cfg.max_position)
+        need = -(-ctx // bs)
+        _check_tables(decodes, need, lens, ctx - 1, "decode at position")
+        pos = ctx - 1
+        slots = tables[offsets + pos // bs] * bs + pos % bs
+        if self.model.decode_attention == "ragged":
+            plan.decode_runs = self._ragged_runs(tables, offsets, need, ctx)
+        else:
+            plan.decode_groups = self._sdpa_groups(tables, offsets, need, ctx)
+        req = np.fromiter(map(_REQ_ID, decodes), dtype=np.int64, count=nd)
+        return decodes, req, pos, slots
 
-        # decode groups: the padded gather of a group stays under decode_gather_bytes per layer
-        layer_block = self.cfg.kv_bytes_per_token(self.dtype_bytes) // self.cfg.num_layers * bs
-        cap_blocks = max(1, self.decode_gather_bytes // layer_block)
-        j = 0
+    def _plan_prefills(self, prefills: list[tuple[Request, int]], plan: AttentionPlan
+                       ) -> tuple[list[Request], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The prefill rows, after the plan's decode rows: the chunks' requests, and per row
+        the request id, the position and the KV slot, and each chunk's last row (sampled);
+        fills the plan's chunks."""
+        npf = len(prefills)
+        if not npf:
+            return [], _NONE, _NONE, _NONE, _NONE
+        bs = self.block_size
+        preqs = [r for r, _ in prefills]
+        start = np.fromiter(map(_COMPUTED, preqs), dtype=np.int64, count=npf)
+        cnt = np.fromiter((n for _, n in prefills), dtype=np.int64, count=npf)
+        end = start + cnt
+        tables, offsets, lens = _concat_tables(preqs)
+        _check_positions(preqs, end, self.cfg.max_position)
+        need = -(-end // bs)
+        _check_tables(preqs, need, lens, end - 1, "a prefill to position")
+        first = plan.num_decodes + np.cumsum(cnt) - cnt  # each chunk's first row
+        seg = np.repeat(np.arange(npf), cnt)
+        pos = start[seg] + np.arange(len(seg)) + plan.num_decodes - first[seg]
+        slots = tables[offsets[seg] + pos // bs] * bs + pos % bs
+        for s0, row, n, e, o, k in zip(start.tolist(), first.tolist(), cnt.tolist(),
+                                       end.tolist(), offsets.tolist(), need.tolist()):
+            table = None if s0 == 0 else self.kv.table(tables[o:o + k][None, :])
+            plan.prefill_chunks.append(PrefillChunk(row, row + n, e, table))
+        req = np.fromiter(map(_REQ_ID, preqs), dtype=np.int64, count=npf)
+        return preqs, np.repeat(req, cnt), pos, slots, first + cnt - 1
+
+    @property
+    def _layer_block_bytes(self) -> int:
+        """KV bytes of one block of one layer (the unit of a gather)."""
+        per_token = self.cfg.kv_bytes_per_token(self.dtype_bytes) // self.cfg.num_layers
+        return per_token * self.block_size
+
+    def _ragged_runs(self, tables: np.ndarray, offsets: np.ndarray, need: np.ndarray,
+                     ctx: np.ndarray) -> list[RaggedDecodeRun]:
+        """Cut the decodes into consecutive runs whose pages' blocks stay under
+        ``decode_gather_bytes`` per layer (a sequence longer than that is a run of its own),
+        and lay out every run's pages (see :class:`RaggedDecodeRun`). A loop over runs, whose
+        number grows with the summed context, not with the sequences."""
+        bs, width = self.block_size, self.decode_page_tokens
+        per_page = width // bs
+        pages = -(-ctx // width)
+        pblocks = pages * per_page
+        cap = max(per_page, self.decode_gather_bytes // self._layer_block_bytes)
+        cum = np.cumsum(pblocks)
+        runs = []
+        j, nd = 0, len(ctx)
         while j < nd:
-            width = int(nblocks[j])  # the longest in the group: sorted descending
-            n = max(1, min(nd - j, cap_blocks // width))
-            table = np.empty((n, width), dtype=np.int64)
-            for i in range(n):
-                ids = dec[j + i].block_ids
-                k = int(nblocks[j + i])
-                table[i, :k] = ids[:k]
-                table[i, k:] = ids[0]  # padding: a real block, masked out below
-            lens = torch.from_numpy(ctx[j:j + n]).to(dev)
-            mask = (torch.arange(width * bs, device=dev)[None, :] < lens[:, None])
-            plan.decode_groups.append(DecodeGroup(j, j + n, kv.table(table),
-                                                  mask[:, None, None, :]))
-            j += n
+            base = int(cum[j - 1]) if j else 0
+            stop = max(j + 1, int(np.searchsorted(cum, base + cap, side="right")))
+            sl = slice(j, stop)
+            n, pb, pg = stop - j, pblocks[sl], pages[sl]
+            seq_of_block = np.repeat(np.arange(n), pb)
+            within = np.arange(int(pb.sum())) - (np.cumsum(pb) - pb)[seq_of_block]
+            # past the context: the sequence's last block again (a valid id, usually in the same
+            # slab, so the gather stays one call), masked out below
+            ids = tables[offsets[sl][seq_of_block]
+                         + np.minimum(within, need[sl][seq_of_block] - 1)]
+            mask = np.zeros((int(pg.sum()), width), dtype=np.float32)
+            valid = ctx[sl] - (pg - 1) * width  # context tokens in each last page: 1 .. width
+            mask[np.cumsum(pg) - 1] = np.where(np.arange(width)[None, :] < valid[:, None],
+                                               0.0, -np.inf)
+            runs.append(RaggedDecodeRun(
+                j, stop, GatherTable(1, len(ids), self.kv.split_blocks(ids)), width,
+                torch.from_numpy(np.repeat(np.arange(n), pg)).to(self.device),
+                torch.from_numpy(mask).to(self.device).unsqueeze(1)))
+            j = stop
+        return runs
 
-        row = nd
-        for r, n in batch.prefills:
-            start = r.num_computed_tokens
-            end = start + n
-            need = -(-end // bs)
-            if need > len(r.block_ids):
-                raise ValueError(f"request {r.req_id}: a prefill to position {end - 1} needs "
-                                 f"{need} blocks, its block table has {len(r.block_ids)}")
-            blocks = np.asarray(r.block_ids[:need], dtype=np.int64)
-            p = np.arange(start, end, dtype=np.int64)
-            req[row:row + n] = r.req_id
-            pos[row:row + n] = p
-            slots[row:row + n] = blocks[p // bs] * bs + p % bs
-            table = None if start == 0 else kv.table(blocks[None, :])
-            plan.prefill_chunks.append(PrefillChunk(row, row + n, end, table))
-            row += n
-            sample.append(row - 1)
-            rows.append(r)
-        if total:
-            plan.writes = kv.split_slots(slots)
-        plan.sample_rows = torch.tensor(sample, dtype=torch.int64, device=dev)
-        pos_t = torch.from_numpy(pos).to(dev)
-        ids = token_ids(torch.from_numpy(req).to(dev), pos_t, self.cfg.vocab_size)
-        return plan, ids, pos_t, rows
+    def _sdpa_groups(self, tables: np.ndarray, offsets: np.ndarray, need: np.ndarray,
+                     ctx: np.ndarray) -> list[DecodeGroup]:
+        """Length-sorted decode groups (``ctx`` descending) whose padded gather stays under
+        ``decode_gather_bytes`` per layer."""
+        bs, dev = self.block_size, self.device
+        cap = max(1, self.decode_gather_bytes // self._layer_block_bytes)
+        groups = []
+        j, nd = 0, len(ctx)
+        while j < nd:
+            width = int(need[j])  # the longest in the group: sorted descending
+            n = max(1, min(nd - j, cap // width))
+            sl = slice(j, j + n)
+            # padding: the row's last real block again (a valid id), masked out below
+            idx = offsets[sl, None] + np.minimum(np.arange(width)[None, :], need[sl, None] - 1)
+            lens = torch.from_numpy(ctx[sl]).to(dev)
+            mask = torch.arange(width * bs, device=dev)[None, :] < lens[:, None]
+            groups.append(DecodeGroup(j, j + n, self.kv.table(tables[idx]),
+                                      mask[:, None, None, :]))
+            j += n
+        return groups
+
+
+_NONE = np.empty(0, dtype=np.int64)
+_COMPUTED = operator.attrgetter("num_computed_tokens")
+_REQ_ID = operator.attrgetter("req_id")
+_BLOCK_IDS = operator.attrgetter("block_ids")
+
+
+def _concat_tables(reqs: list[Request]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The requests' block tables back to back, each one's offset into that array, and their
+    lengths (one pass over the lists, in C)."""
+    lists = list(map(_BLOCK_IDS, reqs))
+    lens = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64,
+                       count=int(lens.sum()))
+    return flat, np.cumsum(lens) - lens, lens
+
+
+def _check_tables(reqs: list[Request], need: np.ndarray, have: np.ndarray,
+                  last_pos: np.ndarray, what: str) -> None:
+    """Refuse a batch whose block tables are shorter than their tokens need, naming the first
+    such request."""
+    short = need > have
+    if short.any():
+        j = int(np.argmax(short))
+        raise ValueError(f"request {reqs[j].req_id}: {what} {int(last_pos[j])} needs "
+                         f"{int(need[j])} blocks, its block table has {int(have[j])}")
+
+
+def _check_positions(reqs: list[Request], context: np.ndarray, max_position: int) -> None:
+    """Refuse a batch with a token beyond the model's positions (the rotary table's length),
+    naming the first such request."""
+    over = context > max_position
+    if over.any():
+        j = int(np.argmax(over))
+        raise ValueError(f"request {reqs[j].req_id}: position {int(context[j]) - 1} is beyond "
+                         f"the model's max_position={max_position}")

@@ -30,7 +30,11 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 if TYPE_CHECKING:
-    from runtime.engine.torch_kv import AttentionPlan, PagedKVCache
+    from runtime.engine.torch_kv import AttentionPlan, PagedKVCache, RaggedDecodeRun
+
+
+DECODE_ATTENTION = ("ragged", "sdpa")
+"""the decode attention implementations (see :class:`LlamaModel`)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +104,7 @@ class LlamaConfig:
         return {**asdict(self), "head_dim": self.head_dim, "params": self.num_params}
 
     @classmethod
-    def from_hf(cls, hf: dict[str, Any], name: str = "hf") -> "LlamaConfig":
+    def from_hf(cls, hf: dict[str, Any], name: str = "hf") -> LlamaConfig:
         """From a Hugging Face ``config.json`` of a Llama model."""
         try:
             return cls(vocab_size=int(hf["vocab_size"]), hidden_size=int(hf["hidden_size"]),
@@ -171,8 +175,10 @@ class LlamaModel(nn.Module):
     :param device: where the weights live
     :param dtype: the weight and activation dtype (bf16 on CUDA, fp32 on the CPU)
     :param seed: seed of the random weights
-    :param decode_attention: ``"sdpa"`` (fused kernels; the CUDA default) or ``"matmul"``
-        (explicit batched GEMVs; the CPU default, where it is faster)
+    :param decode_attention: ``"sdpa"`` (length-sorted groups padded to their longest, one
+        fused SDPA call each; the CUDA default) or ``"ragged"`` (no padding: pages of every
+        sequence's own context, segment softmax; the CPU default, where its cost follows the
+        summed context that the cost model prices, not sequences x the longest context)
     """
 
     def __init__(self, cfg: LlamaConfig, device: torch.device | str = "cpu",
@@ -181,9 +187,9 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         if decode_attention is None:
-            decode_attention = "sdpa" if torch.device(device).type == "cuda" else "matmul"
-        if decode_attention not in ("sdpa", "matmul"):
-            raise ValueError(f"decode_attention must be 'sdpa' or 'matmul', "
+            decode_attention = "sdpa" if torch.device(device).type == "cuda" else "ragged"
+        if decode_attention not in DECODE_ATTENTION:
+            raise ValueError(f"decode_attention must be one of {DECODE_ATTENTION}, "
                              f"got {decode_attention!r}")
         self.decode_attention = decode_attention
         device = torch.device(device)
@@ -222,8 +228,8 @@ class LlamaModel(nn.Module):
 
     # ------------------------------------------------------------------ paged forward
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan: "AttentionPlan",
-                kv: "PagedKVCache") -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan: AttentionPlan,
+                kv: PagedKVCache) -> torch.Tensor:
         """One packed iteration: ``input_ids`` and ``positions`` hold the decode tokens first
         (``plan.num_decodes``, in the plan's order), then the prefill chunks back to back.
         Writes every token's K/V into the cache at ``plan.slots`` and returns the logits of the
@@ -252,59 +258,124 @@ class LlamaModel(nn.Module):
         return F.linear(h, self.lm_head).float()
 
     def _attention(self, li: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   plan: "AttentionPlan", kv: "PagedKVCache") -> torch.Tensor:
+                   plan: AttentionPlan, kv: PagedKVCache) -> torch.Tensor:
         """Attention of every packed token; ``[tokens, heads, head_dim]``."""
         cfg = self.cfg
         nh, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         group = nh // nkv
         out = torch.empty_like(q)
-        # Decodes: sorted by context length and cut into groups whose gathered KV stays under the
-        # plan's workspace cap; one batched, length-masked attention per group, no loop over
-        # sequences. The query heads of one KV head ride in the query-length axis (all of them
-        # see the same keys under the same mask), so GQA needs no copy of K and V.
+        for run in plan.decode_runs:
+            out[run.start:run.stop] = self._ragged_decode(li, q[run.start:run.stop], run, kv)
+        # Decodes, the sdpa way: length-sorted groups padded to their longest, one length-masked
+        # SDPA call per group (fused kernels on CUDA). The query heads of one KV head ride in
+        # the query-length axis (all of them see the same keys under the same mask), so GQA
+        # needs no copy of K and V.
         for g in plan.decode_groups:
-            blocks = kv.gather(li, g.table)  # [n, max_blocks, block, 2, kv_heads, hd]
+            blocks = kv.gather(li, g.table)  # [2, kv_heads, n, max_blocks * block, hd]
             n = g.stop - g.start
-            ctx = blocks.shape[1] * blocks.shape[2]
-            blocks = blocks.view(n, ctx, 2, nkv, hd)
-            kk = blocks[:, :, 0].transpose(1, 2)  # [n, kv_heads, ctx, hd]
-            vv = blocks[:, :, 1].transpose(1, 2)
+            kk = blocks[0].transpose(0, 1)  # [n, kv_heads, ctx, hd]
+            vv = blocks[1].transpose(0, 1)
             qq = q[g.start:g.stop].view(n, nkv, group, hd)
-            if self.decode_attention == "sdpa":
-                o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=g.mask)
-            else:
-                # Plain batched GEMVs: for a handful of query rows per sequence this beats the
-                # CPU's flash kernel (which tiles for long queries) several times over.
-                scores = torch.matmul(qq, kk.transpose(-1, -2)) * (1.0 / math.sqrt(hd))
-                scores = scores.masked_fill(~g.mask, float("-inf"))
-                o = torch.matmul(scores.softmax(-1), vv)
+            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=g.mask)
             out[g.start:g.stop] = o.reshape(n, nh, hd)
         # Prefill chunks: causal attention over the request's earlier KV (from the cache) and the
         # chunk's own tokens, bottom-right aligned. A chunk with no earlier KV attends to the
-        # fresh K/V directly. A loop over chunks (few per iteration), not over sequences.
+        # fresh K/V directly. A loop over chunks (few per iteration), not over sequences; each
+        # chunk is a handful of kernels on head-major views taken once per layer (on the CPU a
+        # kernel call costs about as much as 1000 attention pairs of the tiny shape, so a chunk's
+        # fixed cost, which the cost model does not price, is kept small).
+        if plan.prefill_chunks:
+            q_h, k_h, v_h = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+            out_h = out.transpose(0, 1)  # [heads, tokens, hd] views
         for c in plan.prefill_chunks:
-            qq = q[c.start:c.stop].transpose(0, 1).unsqueeze(0)  # [1, heads, n, hd]
-            n = c.stop - c.start
-            if c.table is None:
-                kk = k[c.start:c.stop]
-                vv = v[c.start:c.stop]
-                mask = None
-            else:
-                blocks = kv.gather(li, c.table)[0]  # [blocks, block, 2, kv_heads, hd]
-                blocks = blocks.reshape(-1, 2, nkv, hd)[:c.context]
-                kk, vv = blocks[:, 0], blocks[:, 1]
-                mask = causal_lower_right(n, c.context)
-            kk = kk.transpose(0, 1).unsqueeze(0)
-            vv = vv.transpose(0, 1).unsqueeze(0)
+            # 4-D for SDPA: given 3-D inputs the CPU dispatcher takes the math kernel (6x slower
+            # at 512 tokens); the chunk's own K/V expanded for GQA (n tokens: cheap; SDPA's
+            # enable_gqa is not taken by every CUDA kernel)
+            qq = q_h[None, :, c.start:c.stop]  # [1, heads, n, hd]
+            kk = k_h[None, :, c.start:c.stop]  # [1, kv_heads, n, hd]
+            vv = v_h[None, :, c.start:c.stop]
             if group > 1:
                 kk = kk.repeat_interleave(group, dim=1)
                 vv = vv.repeat_interleave(group, dim=1)
-            if mask is None:
+            if c.table is None:
                 o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
             else:
-                o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)
-            out[c.start:c.stop] = o[0].transpose(0, 1)
+                cached = kv.gather(li, c.table)[:, :, 0]  # [2, kv_heads, blocks * block, hd]
+                o = self._continued_chunk(qq, kk, vv, cached, c.context)
+            out_h[:, c.start:c.stop] = o[0]
         return out
+
+    def _continued_chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         cached: torch.Tensor, context: int) -> torch.Tensor:
+        """Attention of a chunk that has earlier KV: ``[1, heads, n, hd]``.
+
+        ``q``, ``k``, ``v``: the chunk's own queries, keys and values, ``[1, heads, n, hd]``
+        (K/V expanded for GQA); ``cached``: the request's KV from the cache,
+        ``[2, kv_heads, >= context, hd]``, whose first ``context - n`` positions are the earlier
+        tokens (the rest, the chunk itself, is already written).
+
+        On the CPU, SDPA cannot align a causal mask bottom-right: ``causal_lower_right``
+        materialises an ``n x context`` mask and the kernel computes every (query, key) pair, so
+        a continued chunk cost about ``n * context`` pairs where the cost model (and a fresh
+        chunk's ``is_causal``) prices ``n * start + n * (n + 1) / 2``. Split instead: the chunk
+        over the earlier context (no mask, every one of the ``n * start`` pairs counts; the
+        query heads of one KV head stacked along the query axis, so no GQA copy of the context)
+        and the chunk over itself (``is_causal``: top-left is bottom-right for a square block),
+        merged by their log-sum-exps (the weight of the context part is
+        ``sigmoid(lse_context - lse_own)``). The CPU flash kernel returns the log-sum-exp; where
+        that operator is missing, and on CUDA (whose flash kernels align bottom-right natively),
+        one SDPA call with the bottom-right causal mask is used."""
+        _, nh, n, hd = q.shape
+        nkv = cached.shape[1]
+        group = nh // nkv
+        start = context - n
+        flash = _cpu_flash_with_lse() if q.device.type == "cpu" else None
+        if flash is None:
+            keys, values = cached[None, 0, :, :context], cached[None, 1, :, :context]
+            if group > 1:
+                keys = keys.repeat_interleave(group, dim=1)
+                values = values.repeat_interleave(group, dim=1)
+            return F.scaled_dot_product_attention(q, keys, values,
+                                                  attn_mask=causal_lower_right(n, context))
+        # [1, kv_heads, group * n, hd]: the group's heads one after another along the query axis
+        o_ctx, lse_ctx = flash(q.reshape(1, nkv, group * n, hd), cached[None, 0, :, :start],
+                               cached[None, 1, :, :start])
+        o_own, lse_own = flash(q, k, v, is_causal=True)
+        w_ctx = torch.sigmoid(lse_ctx.reshape(1, nh, n, 1) - lse_own.reshape(1, nh, n, 1))
+        return torch.lerp(o_own, o_ctx.reshape(1, nh, n, hd), w_ctx.to(q.dtype))
+
+    def _ragged_decode(self, li: int, q: torch.Tensor, run: RaggedDecodeRun,
+                       kv: PagedKVCache) -> torch.Tensor:
+        """Attention of one decode query per sequence over that sequence's context, for the
+        sequences of a run, without padding any of them to the longest: ``[n, heads, hd]``.
+
+        The run's pages (``page_tokens`` keys each, a sequence's pages back to back) are
+        gathered in one call; every page is multiplied by its sequence's query (a batched GEMM
+        over pages, ``[group, hd] x [hd, page]`` per KV head), and the softmax and the weighted
+        sum are combined per sequence by segment reductions over pages (``scatter_reduce`` of
+        the page maxima, ``index_add_`` of the page sums). The work is the summed context plus
+        under one page per sequence, in a fixed number of kernels: no loop over sequences.
+        Softmax statistics are kept in fp32 (bf16 sums over long contexts lose digits)."""
+        cfg = self.cfg
+        nh, nkv, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        group = nh // nkv
+        n = q.shape[0]
+        seq = run.page_seq
+        pages, width = seq.shape[0], run.page_tokens
+        ctx = kv.gather_blocks(li, run.blocks.parts, run.blocks.max_blocks)  # [2, kv, keys, hd]
+        keys = ctx[0].view(nkv, pages, width, hd)
+        values = ctx[1].view(nkv, pages, width, hd)
+        qq = (q * (1.0 / math.sqrt(hd))).view(n, nkv, group, hd).transpose(0, 1)
+        qp = qq.index_select(1, seq)  # [kv, pages, group, hd]: each page's sequence's query
+        scores = torch.matmul(qp, keys.transpose(-1, -2)).float() + run.page_mask
+        page_max = scores.amax(-1)  # [kv, pages, group]
+        seq_max = page_max.new_full((nkv, n, group), -math.inf).scatter_reduce_(
+            1, seq.view(1, pages, 1).expand_as(page_max), page_max, "amax")
+        weights = (scores - seq_max.index_select(1, seq).unsqueeze(-1)).exp_()
+        denom = page_max.new_zeros(nkv, n, group).index_add_(1, seq, weights.sum(-1))
+        page_out = torch.matmul(weights.to(values.dtype), values).float()  # [kv, pages, group, hd]
+        acc = page_out.new_zeros(nkv, n, group, hd).index_add_(1, seq, page_out)
+        return (acc / denom.unsqueeze(-1)).to(q.dtype).transpose(0, 1).reshape(n, nh, hd)
 
     # ------------------------------------------------------------------ dense reference
     @torch.no_grad()
@@ -334,6 +405,16 @@ class LlamaModel(nn.Module):
             gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, layer.down_proj)
         return F.linear(rms_norm(h, self.norm, cfg.rms_norm_eps), self.lm_head).float()
+
+
+def _cpu_flash_with_lse():
+    """The CPU flash-attention operator that also returns the log-sum-exp of every query row
+    (``aten::_scaled_dot_product_flash_attention_for_cpu``, an internal operator of
+    ``scaled_dot_product_attention`` since torch 2.2), or None where this torch lacks it."""
+    try:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    except (AttributeError, RuntimeError):
+        return None
 
 
 # ---------------------------------------------------------------------- checkpoints
