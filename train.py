@@ -65,6 +65,10 @@ class Config:
     log_std_init: float = -1.0
     """initial log standard deviation of the actions (std 0.37 action units: a knob explores
     around its mean instead of bouncing between the ends of its range)"""
+    init_at_default: bool = True
+    """start the policy at the static default knobs (its action head's bias set to their action
+    coordinates, its weights shrunk), so that before any learning it behaves as engines do
+    today and learns deviations from there"""
     net_arch: tuple[int, ...] = (64, 64)
     """hidden layers of the policy and value MLPs"""
     episode_s: float = 120.0
@@ -301,6 +305,13 @@ def main(argv: list[str] | None = None) -> int:
                 policy_kwargs=dict(net_arch=dict(pi=list(cfg.net_arch), vf=list(cfg.net_arch)),
                                    activation_fn=torch.nn.Tanh, log_std_init=cfg.log_std_init))
     model.set_logger(Logger(str(run_dir), [WandbWriter()]))
+    if cfg.init_at_default:
+        from runtime.knobs import DEFAULT_KNOBS, knobs_to_action
+
+        head = model.policy.action_net
+        with torch.no_grad():
+            head.weight.mul_(0.01)
+            head.bias.copy_(torch.tensor(knobs_to_action(DEFAULT_KNOBS), dtype=torch.float32))
 
     # ---------------------------------------------------------------- periodic evaluation
     profile = Profile.load()
