@@ -119,7 +119,7 @@ PRESETS: dict[str, dict] = {
                   eval_episode_s=60.0, final_rate_scales=(1.5,), final_controllers="static",
                   final_capacity=False, final_match_static=0.0),
     "default": {},
-    "full": dict(trace="azure-conv@1.0-2.5,azure-code@0.3-1.2", total_timesteps=1_000_000,
+    "full": dict(trace="azure-conv@1.0-2.5,azure-code@0.3-1.2", total_timesteps=600_000,
                  n_envs=4, n_steps=1024, batch_size=512, n_epochs=5, eval_every=50_000,
                  episode_s=240.0, memory_price=0.02),
 }
