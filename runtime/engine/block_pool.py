@@ -1,10 +1,11 @@
 """The paged KV block pool: ids ``0 .. num_blocks-1``, allocation of the lowest free ids first.
 
 Lowest-first keeps the tail of the pool free, so that shrinking it (a lower ``kv_cache_ratio``)
-rarely has blocks to move. Freed blocks are reused last-in first-out. The free ids live in a
-numpy stack (``_stack[:_top]``, the next block handed out on top): allocation and release are
-slice copies, and the fragmentation score, which the controller observes every interval, sorts
-the stack in place of converting a Python list.
+rarely has blocks to move. Freed blocks are reused last-in first-out, which keeps allocation and
+release O(blocks moved) with plain list slices: the engine allocates about one block every 16
+tokens of every request, so this is on the hot path. (A numpy stack made the per-interval
+fragmentation score 3.6x cheaper but whole-trace replays 35% slower and environment steps no
+faster: measured side by side on the Azure conversation trace.)
 """
 
 from __future__ import annotations
@@ -17,56 +18,46 @@ class BlockPool:
         if num_blocks < 1:
             raise ValueError(f"a block pool needs at least 1 block, got {num_blocks}")
         self.num_blocks = num_blocks
-        self._stack = np.arange(num_blocks - 1, -1, -1, dtype=np.int32)
-        self._top = num_blocks
+        # A stack: the next block handed out is the last element.
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
 
     @property
     def num_free(self) -> int:
-        return self._top
+        return len(self._free)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - self._top
+        return self.num_blocks - len(self._free)
 
     def utilization(self) -> float:
-        return 1.0 - self._top / self.num_blocks
+        return 1.0 - len(self._free) / self.num_blocks
 
     def allocate(self, n: int) -> list[int] | None:
         """Hand out ``n`` blocks, or None (and nothing) when fewer than ``n`` are free."""
-        top = self._top
-        if n > top:
+        free = self._free
+        if n > len(free):
             return None
         if n <= 0:
             return []
-        self._top = top - n
-        return self._stack[top - n:top].tolist()
+        ids = free[-n:]
+        del free[-n:]
+        return ids
 
     def allocate_one(self) -> int | None:
         """One block, or None when none is free (the decode path: one token at a time)."""
-        if not self._top:
-            return None
-        self._top -= 1
-        return int(self._stack[self._top])
+        return self._free.pop() if self._free else None
 
     def free(self, ids: list[int]) -> None:
-        n = len(ids)
-        if n:
-            self._stack[self._top:self._top + n] = ids
-            self._top += n
+        self._free.extend(ids)
 
     def free_ids(self) -> list[int]:
-        return self._stack[:self._top].tolist()
+        return list(self._free)
 
     def grow(self, num_blocks: int) -> None:
         """Add ids ``self.num_blocks .. num_blocks-1``; they are handed out after the old ones."""
         if num_blocks < self.num_blocks:
             raise ValueError(f"grow() to {num_blocks} blocks from {self.num_blocks}: use shrink()")
-        new = np.arange(num_blocks - 1, self.num_blocks - 1, -1, dtype=np.int32)
-        stack = np.empty(num_blocks, dtype=np.int32)
-        stack[:len(new)] = new
-        stack[len(new):len(new) + self._top] = self._stack[:self._top]
-        self._stack = stack
-        self._top += len(new)
+        self._free[:0] = range(num_blocks - 1, self.num_blocks - 1, -1)
         self.num_blocks = num_blocks
 
     def shrink(self, num_blocks: int) -> dict[int, int]:
@@ -82,25 +73,22 @@ class BlockPool:
             raise ValueError(f"shrink() to {num_blocks} blocks from {self.num_blocks}: use grow()")
         if self.num_used > num_blocks:
             raise ValueError(f"cannot shrink to {num_blocks} blocks with {self.num_used} in use")
-        free = self._stack[:self._top]
-        is_free = np.zeros(self.num_blocks, dtype=bool)
-        is_free[free] = True
-        used_above = np.flatnonzero(~is_free[num_blocks:]) + num_blocks
-        free_below = np.flatnonzero(is_free[:num_blocks])  # ascending
-        moves = dict(zip(used_above.tolist(), free_below[:len(used_above)].tolist()))
-        remaining = free_below[len(used_above):]
-        self._stack = np.empty(num_blocks, dtype=np.int32)
-        self._stack[:len(remaining)] = remaining[::-1]
-        self._top = len(remaining)
+        free_set = set(self._free)
+        used_above = [b for b in range(num_blocks, self.num_blocks) if b not in free_set]
+        free_below = sorted(b for b in self._free if b < num_blocks)
+        remap = dict(zip(used_above, free_below))
+        moved_to = set(remap.values())
+        remaining = [b for b in free_below if b not in moved_to]
+        self._free = remaining[::-1]
         self.num_blocks = num_blocks
-        return moves
+        return remap
 
     def free_gaps(self) -> np.ndarray:
         """Sizes of the maximal runs of contiguous free block ids."""
-        n = self._top
-        if n == 0:
+        if not self._free:
             return np.zeros(0, dtype=np.int64)
-        ids = np.sort(self._stack[:n])
+        n = len(self._free)
+        ids = np.sort(np.fromiter(self._free, dtype=np.int32, count=n))
         ends = np.flatnonzero(np.diff(ids) != 1)
         bounds = np.empty(len(ends) + 2, dtype=np.int64)
         bounds[0] = -1
@@ -115,7 +103,7 @@ class BlockPool:
         pool fills, which mixes utilisation into it; normalising by the free count keeps the
         two signals apart (utilisation is its own observation field). An empty free list is 0.
         """
-        n = self._top
+        n = len(self._free)
         if n == 0:
             return 0.0
         gaps = self.free_gaps()
