@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 train: $(STAMP)
-	$(PY) scripts/replay.py --trace synthetic
+	$(PY) train.py --preset default
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -28,6 +28,9 @@ evaluate: $(STAMP)
 
 serve: $(STAMP)
 	$(PY) -m runtime.server
+
+bench: $(STAMP)
+	$(PY) scripts/bench_engine.py && $(PY) scripts/bench_env.py && $(PY) scripts/bench_decider.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check runtime env agents scripts tests train.py
