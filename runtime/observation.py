@@ -245,7 +245,7 @@ def vectors_from_rows(rows: np.ndarray) -> np.ndarray:
     out[:, c] = np.copysign(np.log1p(np.abs(x[:, c])), x[:, c]) / _LOG_DEN[c]
     c = _COLUMNS["linear"]
     out[:, c] = (x[:, c] - _RAW_LOW[c]) / (_RAW_HIGH[c] - _RAW_LOW[c])
-    for k, (col, spec) in enumerate(zip(_COLUMNS["knob"], KNOB_SPECS)):
+    for col, spec in zip(_COLUMNS["knob"], KNOB_SPECS):
         v = x[:, col]  # already clamped to the knob's range (the field's raw range is the same)
         if spec.step:  # as Knobs.clamped: round half to even to the step, clamp again
             v = np.clip(np.round(v / spec.step) * spec.step, spec.low, spec.high)

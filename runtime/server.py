@@ -14,8 +14,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
-from pydantic import TypeAdapter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import TypeAdapter
 from starlette.responses import Response
 
 from runtime.api.body_limit import BodySizeLimit

@@ -156,7 +156,8 @@ def numpy_floor(path: Path) -> Callable[[np.ndarray], np.ndarray]:
                  else np.zeros(w.shape[1], np.float32))
             steps.append(lambda x, w=w, b=b: x @ w + b)
         elif op == "MatMul":
-            steps.append(lambda x, w=np.ascontiguousarray(consts[ins[1]]): x @ w)
+            w = np.ascontiguousarray(consts[ins[1]])
+            steps.append(lambda x, w=w: x @ w)
         elif op in ("Add", "Sub", "Mul", "Div"):
             c = consts[ins[1]]
             fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[op]
@@ -206,7 +207,7 @@ def bench_in_process(policy_path: Path, num_calls: int, rounds: int = 30) -> dic
     per_round = max(1, num_calls // rounds)
     samples = {k: np.empty(per_round * rounds, dtype=np.int64) for k in fns}
     clock = time.perf_counter_ns
-    for name, fn in fns.items():  # warm-up
+    for fn in fns.values():  # warm-up
         for i in range(3000):
             fn(pool[i % 1024])
     for r in range(rounds):
@@ -419,7 +420,7 @@ def bench_load(url: str, bodies: list[bytes], token: str, reload_name: str, rate
             answer = json.loads(body)
             versions[answer["policy_version"]] = versions.get(answer["policy_version"], 0) + 1
             sources[answer["source"]] = sources.get(answer["source"], 0) + 1
-        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError) as e:
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as e:
             latency[i] = time.perf_counter() - due
             errors.append((due - t0, f"{type(e).__name__}: {e}"))
 

@@ -1,6 +1,7 @@
 """Profile the torch executor and write a measured executor profile.
 
-    python scripts/profile_executor.py --device cpu --shape tiny --out checkpoints/profiles/cpu-tiny-measured.json
+    python scripts/profile_executor.py --device cpu --shape tiny \
+        --out checkpoints/profiles/cpu-tiny-measured.json
     python scripts/profile_executor.py --device cuda --shape llama2-7b --budget-gib 40 \
         --compare checkpoints/profiles/h200-llama2-7b-40gib-roofline.json --out h200-measured.json
 
@@ -30,13 +31,21 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from steady_cpu import steady_allocator  # noqa: E402
+
 from runtime.engine.executor import GIB  # noqa: E402
 from runtime.engine.profile import CostModel, Profile  # noqa: E402
-from runtime.engine.profiling import (Measurement, default_grid, fit_with_holdout,  # noqa: E402
-                                      make_batch, measure, nnls, SyntheticRequests)
+from runtime.engine.profiling import (  # noqa: E402
+    Measurement,
+    SyntheticRequests,
+    default_grid,
+    fit_with_holdout,
+    make_batch,
+    measure,
+    nnls,
+)
 from runtime.engine.torch_executor import DEFAULT_BUDGET_GIB, TorchExecutor  # noqa: E402
 from runtime.engine.torch_model import SHAPES, LlamaConfig  # noqa: E402
-from steady_cpu import steady_allocator  # noqa: E402
 
 MIB = 1024 ** 2
 PROFILE_RATIO = 0.9
@@ -230,7 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
     resize = measure_resize(ex, repeats)
     oom_s = measure_oom(ex, repeats)
     eff = efficiency(ms, ex, hw)
-    name = args.name or f"{'cpu' if ex.device.type == 'cpu' else hw['accelerator'].split()[-1].lower()}-{cfg.name}-{budget_gib:g}gib-measured"
+    device_label = "cpu" if ex.device.type == "cpu" else hw["accelerator"].split()[-1].lower()
+    name = args.name or f"{device_label}-{cfg.name}-{budget_gib:g}gib-measured"
     profile = Profile(
         name=name, kind="measured", memory=mem, cost=rep.cost, oom_penalty_s=oom_s,
         resize_fixed_s=resize["resize_fixed_s"], resize_per_gib_s=resize["resize_per_gib_s"],

@@ -3,7 +3,8 @@ controller retuning the knobs every decision interval; print the run's summary a
 
     python scripts/serve_replay.py --device cpu --shape tiny --rate 8 --duration 20
     python scripts/serve_replay.py --trace window.csv --controller pid --out replay.json
-    python scripts/serve_replay.py --executor sim --profile checkpoints/profiles/cpu-tiny-measured.json
+    python scripts/serve_replay.py --executor sim \
+        --profile checkpoints/profiles/cpu-tiny-measured.json
 
 ``--controller`` is ``static``, ``pid``, or ``module:factory`` for any other decider (for example
 the ONNX decider): the factory is called with no arguments and must return an object with
@@ -23,6 +24,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from steady_cpu import steady_allocator  # noqa: E402
+from trace_window import Window, poisson_window, read_csv_window  # noqa: E402
+
 from runtime.decider.controller import StaticController  # noqa: E402
 from runtime.decider.pid import PidController  # noqa: E402
 from runtime.engine.engine import EngineConfig  # noqa: E402
@@ -30,8 +34,6 @@ from runtime.engine.profile import Profile  # noqa: E402
 from runtime.engine.slo import SloTarget  # noqa: E402
 from runtime.knobs import Knobs  # noqa: E402
 from runtime.wallclock import ReplayResult, replay  # noqa: E402
-from steady_cpu import steady_allocator  # noqa: E402
-from trace_window import Window, poisson_window, read_csv_window  # noqa: E402
 
 # Defaults sized for the CPU tiny shape (an iteration takes a few milliseconds): targets that
 # put attainment in the middle of its range under the default load, so errors show.

@@ -146,7 +146,7 @@ class OnnxPolicy:
         self.loaded_at = time.time()
 
     @classmethod
-    def load(cls, path: Path | str) -> "OnnxPolicy":
+    def load(cls, path: Path | str) -> OnnxPolicy:
         """Read, check and warm the policy at ``path``; raises :class:`PolicyLoadError`."""
         path = Path(path)
         try:

@@ -32,9 +32,9 @@ import numpy as np
 
 from runtime.engine.block_pool import BlockPool
 from runtime.engine.executor import Batch, Executor
-from runtime.gc_pause import gc_paused
 from runtime.engine.profile import CostModel
 from runtime.engine.request import Request, Status
+from runtime.gc_pause import gc_paused
 
 FEATURES = ("const", "prefill_tokens", "prefill_attn_pairs", "decode_seqs", "decode_ctx_tokens")
 """the cost model's terms, in the order of :class:`CostModel`'s fields"""
