@@ -318,6 +318,17 @@ def plot(rows: Sequence[dict], out_dir: Path) -> list[Path]:
     return paths
 
 
+def _progress(results, total: int, what: str, t0: float, show: bool):
+    """Pass ``results`` through, counting them on stderr (they arrive one by one from a pool)."""
+    for i, r in enumerate(results, 1):
+        if show:
+            print(f"\r  {i}/{total} {what} ({time.perf_counter() - t0:.0f} s)", end="",
+                  file=sys.stderr, flush=True)
+        yield r
+    if show:
+        print(file=sys.stderr)
+
+
 def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence[float], *,
              part: str = "eval", interval_s: float = 0.25, profile_path: str | None = None,
              config: EngineConfig | None = None, capacity: bool = True, workers: int = 2,
@@ -338,13 +349,7 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
     t0 = time.perf_counter()
     rows: list[dict] = []
     with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        for i, row in enumerate(pool.map(_row_job, jobs), 1):
-            rows.append(row)
-            if progress:
-                print(f"\r  evaluated {i}/{len(jobs)} runs ({time.perf_counter() - t0:.0f} s)",
-                      end="", file=sys.stderr, flush=True)
-        if progress:
-            print(file=sys.stderr)
+        rows.extend(_progress(pool.map(_row_job, jobs), len(jobs), "runs", t0, progress))
         matched: list[dict] = []
         if match_static is not None:
             for t in traces:
@@ -376,13 +381,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
                     cjobs.append((specs[t], c, known))
             # the capacity jobs take longest for the best controllers: start them first
             cjobs.sort(key=lambda j: -sum(j[2].values()))
-            for i, c in enumerate(pool.map(_capacity_job, cjobs), 1):
-                cap.append(c)
-                if progress:
-                    print(f"\r  capacity {i}/{len(cjobs)} ({time.perf_counter() - t0:.0f} s)",
-                          end="", file=sys.stderr, flush=True)
-            if progress:
-                print(file=sys.stderr)
+            cap.extend(_progress(pool.map(_capacity_job, cjobs), len(cjobs), "capacities", t0,
+                                 progress))
     return {"rows": rows, "capacity": cap, "static_match": matched, "split": part,
             "interval_s": interval_s,
             "profile": Profile.load(profile_path).name, "wall_s": time.perf_counter() - t0}
