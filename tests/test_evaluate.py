@@ -51,6 +51,10 @@ def test_burst_onsets_and_recovery_on_a_made_up_series():
     (rec,) = recovery_times(att, onsets, interval, target=0.99, hold=3)
     assert rec == pytest.approx((420 - 400) * interval)
     assert recovery_times(np.zeros(800), onsets, interval) == [math.inf]
+    assert recovery_times(np.ones(800), onsets, interval) == [0.0]  # no dip: nothing to recover
+    late = np.ones(800)
+    late[403:404] = 0.0  # the dip trails the onset; recovered at 404..406
+    assert recovery_times(late, onsets, interval) == [pytest.approx(4 * interval)]
 
 
 def test_run_episode_drains_the_window_and_counts_every_request():

@@ -187,15 +187,22 @@ def burst_onsets(arrival_rate: Sequence[float], interval_s: float, *, factor: fl
 
 
 def recovery_times(attainment: Sequence[float], onsets: Sequence[int], interval_s: float, *,
-                   target: float = 0.99, hold: int = 3) -> list[float]:
+                   target: float = 0.99, hold: int = 3, dip_window_s: float = 30.0) -> list[float]:
     """Seconds from each burst onset until interval attainment is back at ``target`` for ``hold``
-    intervals in a row; ``inf`` when it never recovers within the series."""
+    intervals in a row after the burst's dip: 0 when attainment does not drop below ``target``
+    within ``dip_window_s`` of the onset (misses become certain up to a TTFT target after the
+    requests arrive, so the dip trails the onset); ``inf`` when it never recovers."""
     att = np.asarray(attainment, dtype=np.float64)
+    window = max(1, int(round(dip_window_s / interval_s)))
     out = []
     for start in onsets:
+        below = np.flatnonzero(att[start:start + window] < target)
+        if below.size == 0:
+            out.append(0.0)
+            continue
         t = math.inf
         run = 0
-        for j in range(start, len(att)):
+        for j in range(start + int(below[0]), len(att)):
             run = run + 1 if att[j] >= target else 0
             if run >= hold:
                 t = (j - hold + 1 - start) * interval_s
