@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from runtime.engine.block_pool import BlockPool
@@ -114,7 +114,6 @@ class Engine:
         self.num_iterations = 0
         self.num_fast_stretches = 0
         self._interval = IntervalStats(start_s=0.0)
-        self._on_finish: Callable[[Request], None] | None = None
 
     # ------------------------------------------------------------------ workload
     def add_requests(self, arrival_s: Sequence[float], prompt_tokens: Sequence[int],
@@ -206,21 +205,17 @@ class Engine:
         iv.finished += 1
         if r.output_tokens >= 2:
             tpot = (r.finish_s - r.first_token_s) / (r.output_tokens - 1)
-            iv.tpots.append(tpot)
             iv.tpot_ratios.append(tpot / r.tpot_target_s)
         if r.meets_slo():
             iv.met += 1
         elif not r.violation_counted:
             r.violation_counted = True
             iv.violations += 1
-        if self._on_finish is not None:
-            self._on_finish(r)
 
     def _first_token(self, r: Request) -> None:
         r.first_token_s = self.now
         ttft = self.now - r.arrival_s
         iv = self._interval
-        iv.ttfts.append(ttft)
         iv.ttft_ratios.append(ttft / r.ttft_target_s)
         if ttft > r.ttft_target_s and not r.violation_counted:
             r.violation_counted = True

@@ -31,8 +31,7 @@ def fast_p99(values: list[float]) -> float:
 @dataclass(slots=True)
 class IntervalStats:
     """What happened in the engine between two calls of ``Engine.collect_interval``, and its state
-    at the end. Counts are events in the interval; ``ttfts`` and ``tpots`` hold the TTFT of every
-    first token and the TPOT of every finish in it."""
+    at the end. Counts are events in the interval."""
 
     start_s: float = 0.0
     end_s: float = 0.0
@@ -52,10 +51,10 @@ class IntervalStats:
     decode_tokens: int = 0
     busy_s: float = 0.0
     resize_s: float = 0.0
-    ttfts: list[float] = field(default_factory=list)
     ttft_ratios: list[float] = field(default_factory=list)
-    tpots: list[float] = field(default_factory=list)
+    """TTFT over its class target, for every first token of the interval"""
     tpot_ratios: list[float] = field(default_factory=list)
+    """TPOT over its class target, for every completion of the interval"""
     # state at the end of the interval
     waiting: int = 0
     waiting_tokens: int = 0
