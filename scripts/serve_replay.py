@@ -2,7 +2,7 @@
 controller retuning the knobs every decision interval; print the run's summary as JSON.
 
     python scripts/serve_replay.py --device cpu --shape tiny --rate 8 --duration 20
-    python scripts/serve_replay.py --trace window.csv --controller pid --out replay.json
+    python scripts/serve_replay.py --trace azure-conv --start 600 --duration 20 --controller pid
     python scripts/serve_replay.py --executor sim \
         --profile checkpoints/profiles/cpu-tiny-measured.json
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -25,8 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from steady_cpu import steady_allocator  # noqa: E402
-from trace_window import Window, poisson_window, read_csv_window  # noqa: E402
 
+from env.traces import LogNormalLengths, Trace, poisson, time_window  # noqa: E402
+from env.traces.lengths import Z_99  # noqa: E402
+from env.traces.resolve import resolve_trace  # noqa: E402
 from runtime.decider.controller import StaticController  # noqa: E402
 from runtime.decider.pid import PidController  # noqa: E402
 from runtime.engine.engine import EngineConfig  # noqa: E402
@@ -67,9 +70,11 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
                     help="iteration timer of the torch executor: wall clock, or the thread's "
                          "CPU time (CPU, one thread; a replay then runs in engine time, not "
                          "wall-clock time)")
-    ap.add_argument("--trace", type=Path, default=None,
-                    help="CSV arrival_s,prompt_tokens,output_tokens (default: Poisson)")
-    ap.add_argument("--start", type=float, default=0.0, help="window start in the CSV, seconds")
+    ap.add_argument("--trace", default=None,
+                    help="synthetic | azure-conv | azure-code | PATH of any trace format "
+                         "(default: a Poisson stream sized for the shape)")
+    ap.add_argument("--start", type=float, default=0.0,
+                    help="window start in the trace, seconds from its first request")
     ap.add_argument("--duration", type=float, default=20.0, help="window length, seconds")
     ap.add_argument("--rate", type=float, default=8.0, help="Poisson rate, requests/s")
     ap.add_argument("--prompt-median", type=float, default=200.0)
@@ -87,11 +92,25 @@ def add_common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256)
 
 
-def window_from_args(args: argparse.Namespace) -> Window:
+PROMPT_SIGMA, PROMPT_MAX = 0.8, 1024
+OUTPUT_SIGMA, OUTPUT_MAX = 0.7, 128
+"""log-normal spread and clip of the Poisson window's lengths (sized for the tiny model)"""
+
+
+def lengths(median: float, sigma: float, max_tokens: int) -> LogNormalLengths:
+    """The log-normal of this median and sigma, as the trace generators parameterise it."""
+    return LogNormalLengths(mean=median * math.exp(sigma * sigma / 2),
+                            p99=median * math.exp(Z_99 * sigma), max_tokens=max_tokens)
+
+
+def window_from_args(args: argparse.Namespace) -> Trace:
+    """``--trace`` (any trace the project reads) cut to ``[--start, --start + --duration)``, or
+    a Poisson stream of ``--rate`` requests/s from the project's generator."""
     if args.trace is not None:
-        return read_csv_window(args.trace, args.start, args.duration)
-    return poisson_window(args.rate, args.duration, prompt_median=args.prompt_median,
-                          output_median=args.output_median, seed=args.seed)
+        return time_window(resolve_trace(args.trace), args.start, args.start + args.duration)
+    return poisson(args.rate, args.duration, seed=args.seed,
+                   prompt=lengths(args.prompt_median, PROMPT_SIGMA, PROMPT_MAX),
+                   output=lengths(args.output_median, OUTPUT_SIGMA, OUTPUT_MAX))
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
