@@ -285,10 +285,12 @@ def test_lowering_the_ratio_through_the_engine_preempts_and_frees_bytes():
     assert held_high == eng.pool.num_blocks * ex.memory.kv_block_bytes
     n = eng.pool.num_blocks * 16 // 400  # enough 300+100-token requests to fill the pool
     eng.add_requests([0.0] * n, [300] * n, [100] * n)
-    eng.run_until(0.5)
-    used = eng.pool.num_used
+    # run (in measured time, so step by the engine's state, not by a clock) until more blocks
+    # are in use than the lower ratio holds
     low = Knobs(5.0, 512, 0.4)
-    assert eng.memory.num_kv_blocks(0.4) < used, "the test needs the pool to be over-full"
+    while eng.pool.num_used <= eng.memory.num_kv_blocks(0.4) and eng.has_work():
+        eng.run_until(eng.now + 0.005)
+    assert eng.memory.num_kv_blocks(0.4) < eng.pool.num_used, "the pool never over-filled"
     eng.set_knobs(low)
     assert eng.num_preemptions >= 1
     assert ex.bytes_held == eng.pool.num_blocks * ex.memory.kv_block_bytes < held_high
