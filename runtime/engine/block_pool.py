@@ -21,6 +21,13 @@ class BlockPool:
         # A stack: the next block handed out is the last element.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
 
+    def copy(self) -> BlockPool:
+        """An independent pool with the same free list (in the same order)."""
+        c = BlockPool.__new__(BlockPool)
+        c.num_blocks = self.num_blocks
+        c._free = self._free[:]
+        return c
+
     @property
     def num_free(self) -> int:
         return len(self._free)

@@ -32,8 +32,12 @@ step-by-step path gives the same result and is kept for real executors and for t
 
 from __future__ import annotations
 
+import bisect
+import copy
 import heapq
+import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +51,8 @@ from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, Knobs
 
 _FIRST_TOKEN = 0  # violation-deadline kinds in the deadline heap
 _FINISH = 1
+_request_id = operator.attrgetter("req_id")
+_arrival = operator.attrgetter("arrival_s")
 
 
 @dataclass
@@ -404,9 +410,12 @@ class Engine:
         ratio = self.knobs.kv_cache_ratio
         iv = self._interval
         while True:
+            preempted = self.num_preemptions
             batch = self._schedule(budget)
             if batch.is_empty():
-                return bool(self.running)
+                # With every running request preempted for blocks the queue changed: admission
+                # runs again (and rejects a request that alone outgrew a shrunk pool).
+                return bool(self.running) or self.num_preemptions > preempted
             result = self.executor.execute(batch, ratio)
             if not result.oom:
                 break
@@ -544,6 +553,49 @@ class Engine:
         """Run until every request has finished or been rejected (or ``max_time_s``)."""
         while self.has_work() and self.now < max_time_s:
             self.run_until(min(self.now + 60.0, max_time_s))
+
+    def fork(self, horizon_s: float = math.inf) -> Engine:
+        """An independent copy of the engine now, to try settings ahead (a lookahead oracle).
+
+        The copy holds its own requests in flight (waiting and running), its own copies of the
+        requests arriving within ``horizon_s`` of ``now`` (later arrivals are left out, so a fork
+        for a short look ahead does not copy the rest of the trace), its own block pool, deadline
+        heap, interval counters and executor. Its ``requests`` list holds only those copies:
+        finished requests stay with the original, so the fork's :meth:`summary` covers what it
+        ran, not the whole replay. The configuration, memory model and knobs are shared (they
+        are never changed in place). Any other state is deep-copied, so a field added to the
+        engine is copied too unless it is listed here as shared.
+
+        Raises TypeError when the executor cannot fork (one that holds device memory).
+        """
+        fork_executor = getattr(self.executor, "fork", None)
+        if fork_executor is None:
+            raise TypeError(f"{type(self.executor).__name__} cannot be forked: only an executor "
+                            "with a fork() method (the simulated one) can")
+        end = self.now + horizon_s
+        src = self._pending
+        stop = bisect.bisect_right(src, end, lo=self._next_pending, key=_arrival)
+        pending = [r.clone() for r in src[self._next_pending:stop]]
+        memo: dict[int, object] = {id(x): x for x in (self.config, self.memory, self.knobs,
+                                                      self._decode_cost)}
+        memo[id(self.executor)] = fork_executor()
+        memo[id(self.pool)] = self.pool.copy()
+        copies: list[Request] = []
+        for r in itertools.chain(self.running, self.waiting):
+            c = r.clone()
+            memo[id(r)] = c
+            copies.append(c)
+        copies.extend(pending)
+        copies.sort(key=_request_id)
+        memo[id(self.requests)] = copies
+        memo[id(self._pending)] = pending
+        heap = [(d, i, k, memo[id(r)]) for d, i, k, r in self._deadlines if id(r) in memo]
+        heapq.heapify(heap)
+        memo[id(self._deadlines)] = heap
+        clone = Engine.__new__(Engine)
+        clone.__dict__ = copy.deepcopy(self.__dict__, memo)
+        clone._next_pending = 0
+        return clone
 
     def abort_all(self, reason: RejectReason = RejectReason.ABORTED) -> int:
         """End every request in flight (waiting, running or not yet arrived) with ``reason``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from runtime.engine.executor import GIB, Batch, DecodeCost, IterationResult
 from runtime.engine.profile import Profile
 
@@ -26,6 +28,10 @@ class SimulatedExecutor:
         delta_gib = abs(num_blocks - old) * self.memory.kv_block_bytes / GIB
         p = self.profile
         return p.resize_fixed_s + p.resize_per_gib_s * delta_gib + p.block_copy_s * len(moves)
+
+    def fork(self) -> SimulatedExecutor:
+        """An independent executor with the same profile and pool size (for a forked engine)."""
+        return copy.copy(self)
 
     def decode_cost(self) -> DecodeCost:
         return self._cost.as_decode_cost()
