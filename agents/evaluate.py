@@ -39,6 +39,8 @@ from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS
 
 BASELINES = ("static", "best-static", "pid", "aimd", "heuristic")
+ORACLE = "oracle"
+"""the lookahead oracle (``agents/oracle.py``): an upper bound, run only when asked for"""
 DRAIN_LIMIT_S = 1800.0
 """a replay that has not drained this long after its last arrival is cut off (aborted)"""
 
@@ -65,6 +67,13 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
         knobs = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
                                   config=spec.config)
         return BestStaticController(knobs)
+    if name == ORACLE:
+        from agents.controllers.best_static import best_static_knobs
+        from agents.oracle import LookaheadOracle
+
+        anchor = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
+                                   config=spec.config)
+        return LookaheadOracle(anchor=anchor, interval_s=spec.interval_s)
     if name == "pid":
         return PidController()
     if name == "aimd":
@@ -80,8 +89,8 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
         from agents.policy_controller import PolicyController
 
         return PolicyController(name.split(":", 1)[1])
-    raise ValueError(f"unknown controller {name!r}; expected one of {', '.join(BASELINES)} "
-                     "or policy:PATH")
+    raise ValueError(f"unknown controller {name!r}; expected one of {', '.join(BASELINES)}, "
+                     f"{ORACLE} or policy:PATH")
 
 
 @dataclass
@@ -101,6 +110,9 @@ def run_episode(window: Trace, controller: Controller, *, interval_s: float,
     controller.reset()
     session = ServingSession(window, interval_s=interval_s, profile=profile, config=config,
                              knobs=DEFAULT_KNOBS)
+    bind = getattr(controller, "bind", None)
+    if bind is not None:  # a controller that reads the engine itself (the lookahead oracle)
+        bind(session.engine)
     result = session.step(DEFAULT_KNOBS)
     block_gib = session.engine.memory.kv_block_bytes / GIB
     knob_sum = np.zeros(3)
@@ -229,6 +241,10 @@ def short_name(controller: str) -> str:
     """``policy:runs/x/policy.onnx`` -> ``policy:x``: names short enough for tables and plots."""
     if controller.startswith("policy:"):
         return f"policy:{Path(controller.split(':', 1)[1]).parent.name or 'onnx'}"
+    if controller == ORACLE:
+        from agents.oracle import ORACLE_LABEL
+
+        return ORACLE_LABEL
     return controller
 
 
@@ -343,7 +359,7 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
     specs = {t: EvalSpec(t, part, profile_path, interval_s, config) for t in traces}
     for t in traces:  # resolve names and warm the best-static cache before fanning out
         resolve_trace(t)
-        if "best-static" in controllers:
+        if "best-static" in controllers or ORACLE in controllers:
             make_controller("best-static", specs[t])
     jobs = [(specs[t], c, s, True) for t in traces for c in controllers for s in scales]
     t0 = time.perf_counter()
@@ -395,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated: synthetic | azure-conv | azure-code | PATH")
     ap.add_argument("--split", choices=("train", "eval", "all"), default="eval")
     ap.add_argument("--controllers", default=",".join(BASELINES),
-                    help=f"comma-separated: {', '.join(BASELINES)}, policy:PATH")
+                    help=f"comma-separated: {', '.join(BASELINES)}, {ORACLE}, policy:PATH")
     ap.add_argument("--rate-scales", default="1,2,4,8")
     ap.add_argument("--interval-s", type=float, default=0.25)
     ap.add_argument("--profile", default=None, help="executor profile (default: roofline H200)")
@@ -416,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         traces = [t.strip() for t in args.trace.split(",") if t.strip()]
         spec = EvalSpec(traces[0], args.split, args.profile, args.interval_s)
         for c in controllers:
-            if c != "best-static":
+            if c not in ("best-static", ORACLE):
                 make_controller(c, spec)  # fail fast on a bad name or policy file
     except (ValueError, FileNotFoundError) as e:
         print(f"evaluate: {e}", file=sys.stderr)

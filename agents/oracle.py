@@ -1,0 +1,291 @@
+"""The lookahead oracle: an upper bound on what run-time control of the engine's levers can buy.
+
+Every ``period_s`` it forks the engine (:meth:`runtime.engine.engine.Engine.fork`: a copy of the
+state now, with the future arrivals of the trace known), runs each candidate setting held fixed
+for ``horizon_s`` on its own fork, and applies the one that scored best until the next search.
+It sees the future, so it is labelled "oracle (upper bound)" wherever it is reported. It is a
+receding-horizon greedy search, not a proof of optimality: a setting that pays off only after the
+horizon, or a sequence of settings within one horizon, is not searched.
+
+Score. Over the horizon, SLO-meeting completions minus ``violation_weight`` times violations that
+became certain (the engine's interval counters: a waiting request past its TTFT target counts
+when it passes it, not when it finishes). That is the quantity SLO attainment is made of, counted
+on the horizon's events, so maximising it is maximising attainment over the horizon; requests
+still undecided at the horizon's end count for nothing. Ties (common in calm traffic, when every
+setting serves everything) keep the current setting if it is among the best, otherwise the
+earliest candidate: the anchor (best static's setting, put first by the arena), so an oracle that
+finds nothing better behaves as best static does.
+
+Candidates. A candidate is a whole :class:`Setting`: the three knobs and the value of every extra
+lever the grid names. Levers are looked up by name in :data:`LEVERS`; a new engine lever becomes
+searchable by adding a :class:`Lever` there (how to set it on an engine, its grid) and naming it
+in ``OracleConfig.candidates``.
+
+The interface the arena and the labeller use is small: :func:`score_setting` (fork an engine,
+apply a setting, run to the horizon, score) and :class:`LookaheadOracle` (a controller that reads
+the engine of the session it is bound to).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.engine.engine import Engine
+from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, Knobs
+
+ORACLE_LABEL = "oracle (upper bound)"
+"""how every table names the oracle's row"""
+
+
+@dataclass(frozen=True)
+class Lever:
+    """A control beyond the three knobs that the oracle may set on an engine."""
+
+    name: str
+    """its name in a candidate grid (``name=v1,v2,...``)"""
+    doc: str
+    """what it sets, with its unit"""
+    low: float
+    """the smallest value allowed"""
+    high: float
+    """the largest value allowed"""
+    apply: Callable[[Engine, float], None]
+    """sets the lever on an engine (a fork or the session's own); must not change state that
+    the engine shares with its forks (its config object is shared: replace it, never edit it)"""
+    integer: bool = False
+    """values are rounded to whole numbers"""
+
+
+def _set_max_num_seqs(engine: Engine, value: float) -> None:
+    if engine.config.max_num_seqs != int(value):
+        engine.config = dataclasses.replace(engine.config, max_num_seqs=int(value))
+
+
+LEVERS: dict[str, Lever] = {
+    "max_num_seqs": Lever(
+        "max_num_seqs", "the most requests running at once (vLLM's max_num_seqs), requests",
+        1, 4096, _set_max_num_seqs, integer=True),
+}
+"""Levers the oracle can search besides the knobs, by name."""
+
+_KNOB_KEYS = dict(zip(("window", "chunk", "ratio"), KNOB_NAMES))
+"""short names of the knobs in a candidate grid"""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One candidate: the knobs and a value for each extra lever (by name, sorted)."""
+
+    knobs: Knobs
+    """the three batching knobs"""
+    levers: tuple[tuple[str, float], ...] = ()
+    """``(name, value)`` of each extra lever in :data:`LEVERS`, sorted by name"""
+
+    def apply(self, engine: Engine) -> None:
+        """Set the knobs and the levers on ``engine``."""
+        engine.set_knobs(self.knobs)
+        for name, value in self.levers:
+            LEVERS[name].apply(engine, value)
+
+    def values(self) -> dict[str, float]:
+        """Every value by its full name: the knobs', then the levers'."""
+        return {**self.knobs.as_dict(), **dict(self.levers)}
+
+    def label(self) -> str:
+        w, c, r = self.knobs.as_tuple()
+        extra = "".join(f" {n}={v:g}" for n, v in self.levers)
+        return f"window={w:g} chunk={c} ratio={r:g}{extra}"
+
+
+DEFAULT_CANDIDATES = "window=5;chunk=256,512,1024,2048,4096,8192,16384;ratio=0.95"
+"""the search of the issue's first cut: every prefill chunk size from 256 to 16384 tokens at a
+5 ms window and a 0.95 ratio (best static's window and ratio on both Azure traces)"""
+
+
+def parse_candidates(spec: str) -> list[Setting]:
+    """The settings of a grid ``key=v1,v2,...;key=...``: every combination, in order.
+
+    Keys: ``window`` (ms), ``chunk`` (tokens), ``ratio``, or a lever of :data:`LEVERS`. A knob
+    left out takes its default value; a lever left out is not set.
+    """
+    grid: dict[str, list[float]] = {}
+    for part in (p.strip() for p in spec.split(";")):
+        if not part:
+            continue
+        key, sep, values = part.partition("=")
+        key = key.strip()
+        if not sep or not values.strip():
+            raise ValueError(f"candidates: {part!r} is not key=v1,v2,...")
+        if key not in _KNOB_KEYS and key not in LEVERS:
+            raise ValueError(f"candidates: unknown key {key!r} (knobs: {', '.join(_KNOB_KEYS)}; "
+                             f"levers: {', '.join(sorted(LEVERS)) or 'none'})")
+        if key in grid:
+            raise ValueError(f"candidates: {key!r} is given twice")
+        try:
+            grid[key] = [float(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            raise ValueError(f"candidates: {key}={values!r} holds a value that is not a "
+                             "number") from None
+        for v in grid[key]:
+            if key in LEVERS and not LEVERS[key].low <= v <= LEVERS[key].high:
+                lv = LEVERS[key]
+                raise ValueError(f"candidates: {key}={v:g} is outside its range "
+                                 f"[{lv.low:g}, {lv.high:g}]")
+    knob_axes = [grid.get(short, [getattr(DEFAULT_KNOBS, full)])
+                 for short, full in _KNOB_KEYS.items()]
+    lever_names = sorted(k for k in grid if k in LEVERS)
+    settings = []
+    for w, c, r, *lv in itertools.product(*knob_axes, *(grid[n] for n in lever_names)):
+        try:
+            knobs = Knobs(float(w), int(c), float(r))
+        except ValueError as e:
+            raise ValueError(f"candidates: {e}") from None
+        levers = tuple((n, float(round(v)) if LEVERS[n].integer else v)
+                       for n, v in zip(lever_names, lv))
+        settings.append(Setting(knobs, levers))
+    if not settings:
+        raise ValueError(f"candidates: {spec!r} names no setting")
+    return list(dict.fromkeys(settings))
+
+
+@dataclass(frozen=True)
+class OracleConfig:
+    """How the oracle searches."""
+
+    period_s: float = 1.0
+    """simulated seconds between searches (rounded to whole decision intervals); the chosen
+    setting holds in between"""
+    horizon_s: float = 10.0
+    """simulated seconds each candidate runs ahead, with the future arrivals known"""
+    candidates: str = DEFAULT_CANDIDATES
+    """the grid searched, ``key=v1,v2,...;...`` (see :func:`parse_candidates`)"""
+    violation_weight: float = 1.0
+    """score = met - violation_weight * violations over the horizon"""
+
+    def __post_init__(self) -> None:
+        for name in ("period_s", "horizon_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"OracleConfig.{name} must be a positive number of seconds, "
+                                 f"got {v}")
+        if not (math.isfinite(self.violation_weight) and self.violation_weight >= 0):
+            raise ValueError("OracleConfig.violation_weight must be a finite number >= 0, got "
+                             f"{self.violation_weight}")
+        parse_candidates(self.candidates)
+
+
+def score_setting(engine: Engine, setting: Setting, horizon_s: float,
+                  violation_weight: float = 1.0) -> float:
+    """Fork ``engine``, apply ``setting``, run it ``horizon_s`` ahead and score the horizon:
+    met - violation_weight * violations. ``engine`` itself is left as it was."""
+    fork = engine.fork(horizon_s)
+    fork.collect_interval()  # count from now: the fork inherits the open interval's counters
+    setting.apply(fork)
+    fork.run_until(engine.now + horizon_s)
+    iv = fork.collect_interval()
+    return iv.met - violation_weight * iv.violations
+
+
+@dataclass(frozen=True)
+class Search:
+    """One search: the setting kept and what every candidate scored."""
+
+    best: Setting
+    """the setting kept"""
+    scores: tuple[float, ...]
+    """each candidate's score, in candidate order"""
+
+
+def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
+           violation_weight: float = 1.0, current: Setting | None = None) -> Search:
+    """Score every candidate on its own fork of ``engine``; keep the best (ties: ``current`` if
+    it is among the best, else the earliest)."""
+    scores = tuple(score_setting(engine, s, horizon_s, violation_weight) for s in candidates)
+    top = max(scores)
+    best = next(s for s, v in zip(candidates, scores) if v == top)
+    if current is not None:
+        for s, v in zip(candidates, scores):
+            if v == top and s == current:
+                best = current
+                break
+    return Search(best, scores)
+
+
+class LookaheadOracle:
+    """A controller that sees the future: bound to a session, it searches the candidates on
+    forks of the session's engine every ``config.period_s`` and keeps the best.
+
+    :param config: period, horizon, candidate grid and score weight
+    :param anchor: a setting put first among the candidates (best static's, in the arena), so
+        that it wins ties
+    :param interval_s: the decision interval of the sessions it will be bound to
+    """
+
+    name = "oracle"
+    label = ORACLE_LABEL
+
+    def __init__(self, config: OracleConfig | None = None, *, anchor: Setting | Knobs | None = None,
+                 interval_s: float = 0.25) -> None:
+        self.config = config if config is not None else OracleConfig()
+        candidates = parse_candidates(self.config.candidates)
+        if anchor is not None:
+            anchor = anchor if isinstance(anchor, Setting) else Setting(anchor)
+            candidates = [anchor] + [c for c in candidates if c != anchor]
+        self.candidates: list[Setting] = candidates
+        self.every = max(1, round(self.config.period_s / interval_s))
+        self._engine: Engine | None = None
+        self.current: Setting | None = None
+        self.last_search: Search | None = None
+        self.searches = 0
+        self._calls = 0
+
+    def bind(self, engine: Engine) -> None:
+        """Control ``engine`` (a session's) from now on; forgets the previous one."""
+        self._engine = engine
+        self.reset()
+
+    def reset(self) -> None:
+        self._calls = 0
+        self.current = None
+        self.last_search = None
+        self.searches = 0
+
+    def decide_setting(self) -> Setting:
+        """The setting for the next interval (a search every ``every`` calls)."""
+        if self._engine is None:
+            raise RuntimeError("LookaheadOracle.bind(engine) must be called before it decides: "
+                               "the oracle reads the engine, not the observation")
+        if self.current is None or self._calls % self.every == 0:
+            found = search(self._engine, self.candidates, self.config.horizon_s,
+                           violation_weight=self.config.violation_weight, current=self.current)
+            self.last_search = found
+            self.current = found.best
+            self.searches += 1
+        self._calls += 1
+        return self.current
+
+    def decide(self, observation: np.ndarray) -> Knobs:
+        """The knobs for the next interval. Extra levers of the setting are set on the bound
+        engine here, since the session applies only the knobs."""
+        setting = self.decide_setting()
+        for name, value in setting.levers:
+            LEVERS[name].apply(self._engine, value)
+        return setting.knobs
+
+
+def setting_names(candidates: Sequence[Setting]) -> tuple[str, ...]:
+    """The columns of a label: the knobs', then every lever any candidate sets."""
+    levers = sorted({n for s in candidates for n, _ in s.levers})
+    return (*KNOB_NAMES, *levers)
+
+
+def setting_vector(setting: Setting, names: Sequence[str]) -> np.ndarray:
+    """``setting``'s values in the order of ``names`` (NaN for a lever it leaves unset)."""
+    values = setting.values()
+    return np.array([values.get(n, math.nan) for n in names], dtype=np.float32)

@@ -1,0 +1,180 @@
+"""The engine fork and the lookahead oracle, on hand-worked workloads.
+
+The hand profile (``tests/engine_factory.py``): an iteration costs 10 ms + 1 ms per prefill
+token, decodes are free beyond the constant; the interactive class has TTFT 1 s, TPOT 50 ms.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.oracle import (
+    LookaheadOracle,
+    OracleConfig,
+    Setting,
+    parse_candidates,
+    score_setting,
+    search,
+)
+from runtime.engine.engine import Engine
+from runtime.engine.request import RejectReason, Status
+from runtime.knobs import Knobs
+from tests.engine_factory import hand_profile, make_engine, random_workload
+
+
+def _busy_engine(seed: int = 0, until: float = 3.0) -> Engine:
+    e = make_engine(hand_profile(blocks_at_half=60, prefill_token_s=1e-4,
+                                 decode_ctx_token_s=1e-6), chunk=256)
+    e.add_requests(*random_workload(seed, 400, rate=40))
+    t = 0.0
+    while t < until:  # decision intervals, as a session runs them
+        t += 0.25
+        e.run_until(t)
+        e.collect_interval()
+    return e
+
+
+def _outcomes(engine: Engine, ids: set[int]) -> dict[int, tuple]:
+    return {r.req_id: (r.status, r.first_token_s, r.finish_s, r.num_preemptions)
+            for r in engine.requests if r.req_id in ids}
+
+
+def test_a_fork_runs_exactly_as_the_original_would():
+    e = _busy_engine()
+    assert e.waiting and e.running  # a state worth copying: queue, running batch, used blocks
+    f = e.fork(5.0)
+    f.check_invariants()
+    end = e.now + 5.0
+    for x in (e, f):
+        x.run_until(end)
+    ids = {r.req_id for r in f.requests}
+    assert _outcomes(f, ids) == _outcomes(e, ids)
+    assert (f.num_iterations, f.num_preemptions, f.now) == (e.num_iterations, e.num_preemptions,
+                                                            e.now)
+    f.check_invariants()
+
+
+def test_running_a_fork_with_other_knobs_leaves_the_original_untouched():
+    reference, e = _busy_engine(), _busy_engine()
+    f = e.fork(10.0)
+    f.set_knobs(Knobs(200.0, 64, 0.4))  # shrinks the pool, preempts, holds arrivals
+    f.run_until(e.now + 10.0)
+    for x in (reference, e):
+        x.run_to_completion()
+    ids = {r.req_id for r in reference.requests}
+    assert _outcomes(e, ids) == _outcomes(reference, ids)
+    assert e.summary() == reference.summary()
+
+
+def test_a_fork_copies_the_requests_in_flight_and_the_arrivals_within_its_horizon_only():
+    e = make_engine()
+    e.add_requests([0.0, 0.5, 2.0, 3.0, 9.0], [100] * 5, [50] * 5)
+    e.run_until(1.0)  # request 0 has finished (0.155 s), request 1 is decoding
+    assert [r.status for r in e.requests[:2]] == [Status.FINISHED, Status.RUNNING]
+    f = e.fork(2.5)
+    assert [r.req_id for r in f.requests] == [1, 2, 3]
+    assert all(a is not b for a in f.requests for b in e.requests)
+    assert f.requests[0].block_ids == e.requests[1].block_ids
+    assert f.requests[0].block_ids is not e.requests[1].block_ids
+
+
+def test_an_engine_on_an_executor_without_fork_cannot_be_forked():
+    e = make_engine()
+    e.executor = object.__new__(type("DeviceExecutor", (), {}))
+    with pytest.raises(TypeError, match="DeviceExecutor cannot be forked: only an executor "
+                                        "with a fork"):
+        e.fork(1.0)
+
+
+def test_score_is_met_minus_violations_over_the_horizon_by_hand():
+    # One 900-token prompt with two output tokens. Chunk 2048: it waits the 5 ms window, then one
+    # prefill of 910 ms -> TTFT 0.915 s, met. Chunk 64: 900 tokens fill a chunk (no window),
+    # 15 chunks cost 150 + 900 ms -> TTFT 1.05 s, a violation.
+    e = make_engine()
+    e.add_requests([0.0], [900], [2])
+    assert score_setting(e, Setting(Knobs(5.0, 2048, 0.5)), 3.0) == 1.0
+    assert score_setting(e, Setting(Knobs(5.0, 64, 0.5)), 3.0) == -1.0
+    assert score_setting(e, Setting(Knobs(5.0, 64, 0.5)), 3.0, violation_weight=2.5) == -2.5
+    assert e.now == 0.0 and e.requests[0].status == Status.PENDING  # the original did not move
+    found = search(e, parse_candidates("window=5;chunk=64,2048;ratio=0.5"), 3.0)
+    assert found.scores == (-1.0, 1.0)
+    assert found.best.knobs == Knobs(5.0, 2048, 0.5)
+
+
+def test_ties_keep_the_current_setting_then_the_earliest_candidate():
+    e = make_engine()  # nothing to serve: every candidate scores 0
+    candidates = parse_candidates("chunk=256,512,1024;ratio=0.5")
+    assert search(e, candidates, 1.0).best == candidates[0]
+    assert search(e, candidates, 1.0, current=candidates[2]).best == candidates[2]
+
+
+def test_a_lever_beyond_the_knobs_is_searched_like_a_knob():
+    # Two 600-token prompts at 0. Eight slots: both prefill in one 1.21 s iteration, both miss.
+    # One slot: the first is served in 0.615 s (met), the second starts at 0.625 s and misses.
+    e = make_engine()
+    e.add_requests([0.0, 0.0], [600, 600], [2, 2])
+    candidates = parse_candidates("chunk=2048;ratio=0.5;max_num_seqs=1,8")
+    assert [c.levers for c in candidates] == [(("max_num_seqs", 1.0),), (("max_num_seqs", 8.0),)]
+    found = search(e, candidates, 3.0)
+    assert found.scores == (0.0, -2.0)
+    assert e.config.max_num_seqs == 256  # the fork's config was replaced, the original's kept
+
+
+def test_candidate_grids_are_every_combination_and_bad_ones_are_refused():
+    grid = parse_candidates("window=5,20;chunk=512,1024,2048;ratio=0.9")
+    assert len(grid) == 6
+    assert grid[1].label() == "window=5 chunk=1024 ratio=0.9"
+    with pytest.raises(ValueError, match="unknown key 'batch_share'"):
+        parse_candidates("chunk=512;batch_share=0.5")
+    with pytest.raises(ValueError, match="max_num_seqs=0 is outside its range"):
+        parse_candidates("max_num_seqs=0,8")
+    with pytest.raises(ValueError, match="prefill_chunk_tokens=100 is not a multiple"):
+        parse_candidates("chunk=100")
+    with pytest.raises(ValueError, match="OracleConfig.horizon_s must be a positive"):
+        OracleConfig(horizon_s=0.0)
+
+
+def test_the_oracle_searches_once_a_period_and_keeps_its_choice_in_between():
+    e = _busy_engine(until=0.0)
+    oracle = LookaheadOracle(OracleConfig(period_s=1.0, horizon_s=2.0,
+                                          candidates="chunk=64,256,1024;ratio=0.5"),
+                             anchor=Knobs(5.0, 2048, 0.5), interval_s=0.25)
+    assert [c.knobs.prefill_chunk_tokens for c in oracle.candidates] == [2048, 64, 256, 1024]
+    oracle.bind(e)
+    chosen = []
+    for _ in range(8):
+        knobs = oracle.decide(None)
+        chosen.append(knobs)
+        e.set_knobs(knobs)
+        e.run_until(e.now + 0.25)
+        e.collect_interval()
+    assert oracle.searches == 2
+    assert chosen[:4] == [chosen[0]] * 4 and chosen[4:] == [chosen[4]] * 4
+    with pytest.raises(RuntimeError, match="bind"):
+        LookaheadOracle().decide(None)
+
+
+def test_a_request_that_outgrows_a_shrunk_pool_is_rejected_instead_of_stalling_the_engine():
+    # 640 + 800 tokens need 90 blocks: admitted with 100 (ratio 0.5). Shrunk to 80 blocks while
+    # it holds 41, it preempts itself when its decode needs block 81; readmission then finds it
+    # larger than the pool. (The engine used to raise "engine stalled" there: the oracle's forks
+    # try ratios below the running requests' eventual size.)
+    e = make_engine()
+    e.add_requests([0.0], [640], [800])
+    e.run_until(1.0)
+    e.set_knobs(Knobs(5.0, 2048, 0.4))
+    assert e.pool.num_blocks == 80
+    e.run_to_completion()
+    (r,) = e.requests
+    assert (r.status, r.reject_reason, r.num_preemptions) == (
+        Status.REJECTED, RejectReason.EXCEEDS_KV_CAPACITY, 1)
+    e.check_invariants()
+
+
+def test_a_cloned_request_has_every_slot_of_the_original_and_its_own_block_table():
+    e = _busy_engine()
+    for r in (*e.running[:3], *list(e.waiting)[:3]):
+        c = r.clone()
+        assert {s: getattr(c, s) for s in type(r).__slots__} == {
+            s: getattr(r, s) for s in type(r).__slots__}
+        assert c.block_ids is not r.block_ids
