@@ -6,8 +6,12 @@ token, decodes are free beyond the constant; the interactive class has TTFT 1 s,
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
+from agents import oracle_label
 from agents.oracle import (
     LookaheadOracle,
     OracleConfig,
@@ -18,7 +22,8 @@ from agents.oracle import (
 )
 from runtime.engine.engine import Engine
 from runtime.engine.request import RejectReason, Status
-from runtime.knobs import Knobs
+from runtime.knobs import KNOB_NAMES, Knobs, knobs_to_action
+from runtime.observation import OBS_DIM
 from tests.engine_factory import hand_profile, make_engine, random_workload
 
 
@@ -178,3 +183,33 @@ def test_a_cloned_request_has_every_slot_of_the_original_and_its_own_block_table
         assert {s: getattr(c, s) for s in type(r).__slots__} == {
             s: getattr(r, s) for s in type(r).__slots__}
         assert c.block_ids is not r.block_ids
+
+
+def test_the_labeller_writes_an_observation_and_the_oracle_setting_for_every_interval(tmp_path):
+    out = tmp_path / "labels.npz"
+    assert oracle_label.main(["--trace", "synthetic", "--windows", "2", "--window-s", "3",
+                              "--rate-scales", "1", "2", "--horizon-s", "2", "--candidates",
+                              "chunk=256,4096;ratio=0.9,0.95", "--out", str(out),
+                              "--no-progress"]) == 0
+    d = np.load(out)
+    n = len(d["observations"])
+    for w in (0, 1):  # a label per interval, from the first observation to the last arrival
+        t = d["t_s"][d["window"] == w]
+        assert len(t) >= 2 and t[0] == pytest.approx(0.25, abs=0.05)
+        assert np.all((np.diff(t) > 0.2) & (np.diff(t) < 0.3))
+    assert d["observations"].shape == (n, OBS_DIM) and d["observations"].dtype == np.float32
+    assert list(d["setting_names"]) == list(KNOB_NAMES)
+    assert list(d["candidates"]) == [
+        "window=5 chunk=256 ratio=0.9", "window=5 chunk=256 ratio=0.95",
+        "window=5 chunk=4096 ratio=0.9", "window=5 chunk=4096 ratio=0.95"]
+    assert d["scores"].shape == (n, 4)
+    grid = {(5.0, c, r) for c in (256.0, 4096.0) for r in (0.9, 0.95)}
+    rows = {tuple(round(float(v), 6) for v in row) for row in d["settings"]}
+    assert rows <= {tuple(round(v, 6) for v in g) for g in grid}
+    for row, action, scores in zip(d["settings"], d["actions"], d["scores"]):
+        knobs = Knobs(float(row[0]), int(row[1]), float(row[2]))
+        assert np.allclose(action, knobs_to_action(knobs), atol=1e-6)
+        assert scores.max() == scores[list(d["candidates"]).index(
+            f"window=5 chunk={knobs.prefill_chunk_tokens} ratio={knobs.kv_cache_ratio:g}")]
+    assert set(d["rate_scale"]) <= {1.0, 2.0}
+    assert json.loads(str(d["config"]))["horizon_s"] == 2.0
