@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from agents import oracle_label
+from agents.evaluate import ORACLE, EvalSpec, make_controller, run_episode, short_name
 from agents.oracle import (
     LookaheadOracle,
     OracleConfig,
@@ -20,6 +21,8 @@ from agents.oracle import (
     score_setting,
     search,
 )
+from env.traces.trace import Trace
+from runtime.decider.controller import StaticController
 from runtime.engine.engine import Engine
 from runtime.engine.request import RejectReason, Status
 from runtime.knobs import KNOB_NAMES, Knobs, knobs_to_action
@@ -213,3 +216,21 @@ def test_the_labeller_writes_an_observation_and_the_oracle_setting_for_every_int
             f"window=5 chunk={knobs.prefill_chunk_tokens} ratio={knobs.kv_cache_ratio:g}")]
     assert set(d["rate_scale"]) <= {1.0, 2.0}
     assert json.loads(str(d["config"]))["horizon_s"] == 2.0
+
+
+def test_in_the_arena_the_oracle_leaves_its_anchor_when_another_setting_meets_more():
+    # Five 900-token prompts, 2 s apart: at chunk 64 each first token comes at 1.05 s (a miss),
+    # at chunk 2048 at 0.915 s (met); see the hand-worked score test above.
+    n = 5
+    window = Trace("hand", np.arange(1.0, 1.0 + 2 * n, 2.0), np.full(n, 900), np.full(n, 2),
+                   np.full(n, "interactive"))
+    anchor = Knobs(5.0, 64, 0.5)
+    oracle = make_controller(ORACLE, EvalSpec("synthetic", "eval", None, 0.25))
+    assert isinstance(oracle, LookaheadOracle) and short_name(ORACLE) == "oracle (upper bound)"
+    oracle = LookaheadOracle(OracleConfig(horizon_s=3.0, candidates="chunk=64,2048;ratio=0.5"),
+                             anchor=anchor)
+    profile = hand_profile()
+    static = run_episode(window, StaticController(anchor), interval_s=0.25, profile=profile)
+    ahead = run_episode(window, oracle, interval_s=0.25, profile=profile)
+    assert static.summary["met"] == 0 and ahead.summary["met"] == n
+    assert ahead.summary["finished"] == n and oracle.searches == ahead.decisions // 4 + 1
