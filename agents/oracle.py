@@ -7,6 +7,14 @@ It sees the future, so it is labelled "oracle (upper bound)" wherever it is repo
 receding-horizon greedy search, not a proof of optimality: a setting that pays off only after the
 horizon, or a sequence of settings within one horizon, is not searched.
 
+Look ahead. By default (``rollout``) a candidate holds for one period, as a decision does, and
+the anchor setting (best static's, in the arena) runs the rest of the horizon: a rollout over a
+base policy, so every candidate is judged by what it does in its period and what it leaves
+behind, not by holding it longer than it would hold. Measured on the held-out splits against
+holding each candidate the whole horizon (attainment gain over best static, same runs otherwise):
+azure-code x0.64 +1.66 pt against +0.68, x0.9 +1.28 against +1.36; azure-conv x1.75 +0.19
+against -0.13, x1.99 -0.23 against -0.50.
+
 Score. Over the horizon, SLO-meeting completions minus ``violation_weight`` times violations that
 became certain (the engine's interval counters: a waiting request past its TTFT target counts
 when it passes it, not when it finishes). That is the quantity SLO attainment is made of, counted
@@ -167,6 +175,10 @@ class OracleConfig:
     """the grid searched, ``key=v1,v2,...;...`` (see :func:`parse_candidates`)"""
     violation_weight: float = 1.0
     """score = met - violation_weight * violations over the horizon"""
+    rollout: bool = True
+    """each candidate holds for one period, then the anchor (the base setting) runs to the
+    horizon's end, as a rollout algorithm does; False holds each candidate the whole horizon
+    (without an anchor, candidates always hold the whole horizon)"""
 
     def __post_init__(self) -> None:
         for name in ("period_s", "horizon_s"):
@@ -181,13 +193,19 @@ class OracleConfig:
 
 
 def score_setting(engine: Engine, setting: Setting, horizon_s: float,
-                  violation_weight: float = 1.0) -> float:
+                  violation_weight: float = 1.0, *, hold_s: float | None = None,
+                  tail: Setting | None = None) -> float:
     """Fork ``engine``, apply ``setting``, run it ``horizon_s`` ahead and score the horizon:
-    met - violation_weight * violations. ``engine`` itself is left as it was."""
+    met - violation_weight * violations. With ``hold_s`` and ``tail``, ``setting`` holds for
+    ``hold_s`` only and ``tail`` runs the rest of the horizon. ``engine`` is left as it was."""
     fork = engine.fork(horizon_s)
     fork.collect_interval()  # count from now: the fork inherits the open interval's counters
     setting.apply(fork)
-    fork.run_until(engine.now + horizon_s)
+    end = engine.now + horizon_s
+    if tail is not None and hold_s is not None and hold_s < horizon_s:
+        fork.run_until(engine.now + hold_s)
+        tail.apply(fork)
+    fork.run_until(end)
     iv = fork.collect_interval()
     return iv.met - violation_weight * iv.violations
 
@@ -203,10 +221,12 @@ class Search:
 
 
 def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
-           violation_weight: float = 1.0, current: Setting | None = None) -> Search:
-    """Score every candidate on its own fork of ``engine``; keep the best (ties: ``current`` if
-    it is among the best, else the earliest)."""
-    scores = tuple(score_setting(engine, s, horizon_s, violation_weight) for s in candidates)
+           violation_weight: float = 1.0, current: Setting | None = None,
+           hold_s: float | None = None, tail: Setting | None = None) -> Search:
+    """Score every candidate on its own fork of ``engine`` (see :func:`score_setting`); keep
+    the best (ties: ``current`` if it is among the best, else the earliest)."""
+    scores = tuple(score_setting(engine, s, horizon_s, violation_weight, hold_s=hold_s,
+                                 tail=tail) for s in candidates)
     top = max(scores)
     best = next(s for s, v in zip(candidates, scores) if v == top)
     if current is not None:
@@ -237,6 +257,8 @@ class LookaheadOracle:
         if anchor is not None:
             anchor = anchor if isinstance(anchor, Setting) else Setting(anchor)
             candidates = [anchor] + [c for c in candidates if c != anchor]
+        self.anchor: Setting | None = anchor
+        self.interval_s = interval_s
         self.candidates: list[Setting] = candidates
         self.every = max(1, round(self.config.period_s / interval_s))
         self._engine: Engine | None = None
@@ -262,8 +284,12 @@ class LookaheadOracle:
             raise RuntimeError("LookaheadOracle.bind(engine) must be called before it decides: "
                                "the oracle reads the engine, not the observation")
         if self.current is None or self._calls % self.every == 0:
-            found = search(self._engine, self.candidates, self.config.horizon_s,
-                           violation_weight=self.config.violation_weight, current=self.current)
+            cfg = self.config
+            rollout = cfg.rollout and self.anchor is not None
+            found = search(self._engine, self.candidates, cfg.horizon_s,
+                           violation_weight=cfg.violation_weight, current=self.current,
+                           hold_s=self.every * self.interval_s if rollout else None,
+                           tail=self.anchor if rollout else None)
             self.last_search = found
             self.current = found.best
             self.searches += 1

@@ -15,6 +15,7 @@ the future arrivals) and is labelled so.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -102,10 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     caps: list[dict] = []
     with ProcessPoolExecutor(max_workers=max(1, cfg.workers)) as pool:
-        base = {t: next(pool.map(_capacity, [(cfg, t, "best-static", {})])) for t in cfg.traces}
+        base = {}
+        if cfg.capacity or cfg.capacity_multiples:
+            base = {t: next(pool.map(_capacity, [(cfg, t, "best-static", {})]))
+                    for t in cfg.traces}
         jobs = []
         for t in cfg.traces:
-            cap = base[t]["capacity_99"]
+            cap = base[t]["capacity_99"] if base else math.nan
             scales = sorted({*cfg.rate_scales, *(round(cap * m, 4) for m in
                                                  cfg.capacity_multiples)})
             jobs += [(cfg, t, c, s) for s in scales for c in cfg.controllers]
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * (4 + 2 * len(names) + 1))
     for t in cfg.traces:
         label = trace_label(t)
-        cap = base[t]["capacity_99"]
+        cap = base[t]["capacity_99"] if base else math.nan
         by = {(r["controller"], r["rate_scale"]): r for r in rows if r["trace"] == label}
         for s in sorted({r["rate_scale"] for r in rows if r["trace"] == label}):
             got = [by[c, s] for c in names]
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 pts = (by["oracle", s]["slo_attainment"]
                        - by["best-static", s]["slo_attainment"]) * 100
                 gain = f"{pts:+.2f} pt"
-            print(f"| {label} | {s:.3g} | {s / cap:.2f} | "
+            print(f"| {label} | {s:.3g} | {s / cap:.2f} | ".replace("nan", "-")
                   + " | ".join(f"{g['slo_attainment']:.2%}" for g in got) + f" | {gain} | "
                   + " | ".join(f"{g['goodput_rps']:.3f}" for g in got) + " | "
                   + (f"{by['oracle', s]['wall_s']:.0f}" if ("oracle", s) in by else "-") + " |")

@@ -234,3 +234,14 @@ def test_in_the_arena_the_oracle_leaves_its_anchor_when_another_setting_meets_mo
     ahead = run_episode(window, oracle, interval_s=0.25, profile=profile)
     assert static.summary["met"] == 0 and ahead.summary["met"] == n
     assert ahead.summary["finished"] == n and oracle.searches == ahead.decisions // 4 + 1
+
+
+def test_a_rollout_holds_the_candidate_one_period_then_runs_the_tail_setting():
+    # The 900-token prompt arrives at 0.5 s: a chunk-64 candidate held for the first 0.25 s
+    # never touches it, so with a chunk-2048 tail it is met; held the whole horizon, it misses.
+    e = make_engine()
+    e.add_requests([0.5], [900], [2])
+    small, large = Setting(Knobs(5.0, 64, 0.5)), Setting(Knobs(5.0, 2048, 0.5))
+    assert score_setting(e, small, 4.0) == -1.0
+    assert score_setting(e, small, 4.0, hold_s=0.25, tail=large) == 1.0
+    assert score_setting(e, large, 4.0, hold_s=0.25, tail=small) == -1.0
