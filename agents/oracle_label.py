@@ -73,6 +73,9 @@ class LabelConfig:
     """the grid searched (``agents.oracle.parse_candidates``)"""
     violation_weight: float = 1.0
     """score = met - violation_weight * violations over the horizon"""
+    anchor: bool = True
+    """put best static's setting for the trace first (it wins ties) and roll each candidate out
+    with it, as the arena's oracle does (a trace file without a cached grid search gets one)"""
     profile: str | None = None
     """executor profile file (default: the shipped roofline H200 profile)"""
     progress: bool = True
@@ -166,7 +169,12 @@ def draw_windows(cfg: LabelConfig) -> list[tuple[Trace, float]]:
 def label(cfg: LabelConfig) -> tuple[Labels, LookaheadOracle]:
     """Label ``cfg.windows`` windows; returns the labels and the oracle that made them."""
     profile = Profile.load(cfg.profile)
-    oracle = LookaheadOracle(cfg.oracle, interval_s=cfg.interval_s)
+    anchor = None
+    if cfg.anchor:
+        from agents.controllers.best_static import best_static_knobs
+
+        anchor = best_static_knobs(cfg.trace, part="train", profile_path=cfg.profile)
+    oracle = LookaheadOracle(cfg.oracle, anchor=anchor, interval_s=cfg.interval_s)
     windows = draw_windows(cfg)
     labels = Labels()
     bar = None

@@ -192,7 +192,7 @@ def test_the_labeller_writes_an_observation_and_the_oracle_setting_for_every_int
     out = tmp_path / "labels.npz"
     assert oracle_label.main(["--trace", "synthetic", "--windows", "2", "--window-s", "3",
                               "--rate-scales", "1", "2", "--horizon-s", "2", "--candidates",
-                              "chunk=256,4096;ratio=0.9,0.95", "--out", str(out),
+                              "chunk=256,4096;ratio=0.9,0.95", "--no-anchor", "--out", str(out),
                               "--no-progress"]) == 0
     d = np.load(out)
     n = len(d["observations"])
