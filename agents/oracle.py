@@ -68,6 +68,28 @@ class Lever:
     the engine shares with its forks (its config object is shared: replace it, never edit it)"""
     integer: bool = False
     """values are rounded to whole numbers"""
+    choices: tuple[str, ...] = ()
+    """a categorical lever's values by name: a grid names them, a setting holds the index"""
+
+    def parse(self, text: str) -> float:
+        """A grid value: a number, or one of ``choices`` (its index)."""
+        text = text.strip()
+        if self.choices:
+            if text not in self.choices:
+                raise ValueError(f"candidates: {self.name}={text!r} is not one of "
+                                 f"{', '.join(self.choices)}")
+            return float(self.choices.index(text))
+        try:
+            v = float(text)
+        except ValueError:
+            raise ValueError(f"candidates: {self.name}={text!r} is not a number") from None
+        if not self.low <= v <= self.high:
+            raise ValueError(f"candidates: {self.name}={v:g} is outside its range "
+                             f"[{self.low:g}, {self.high:g}]")
+        return float(round(v)) if self.integer else v
+
+    def show(self, value: float) -> str:
+        return self.choices[int(value)] if self.choices else f"{value:g}"
 
 
 def _set_max_num_seqs(engine: Engine, value: float) -> None:
@@ -93,7 +115,8 @@ class Setting:
     knobs: Knobs
     """the three batching knobs"""
     levers: tuple[tuple[str, float], ...] = ()
-    """``(name, value)`` of each extra lever in :data:`LEVERS`, sorted by name"""
+    """``(name, value)`` of each extra lever in :data:`LEVERS`, sorted by name (a categorical
+    lever's value is the index of its choice)"""
 
     def apply(self, engine: Engine) -> None:
         """Set the knobs and the levers on ``engine``."""
@@ -107,7 +130,7 @@ class Setting:
 
     def label(self) -> str:
         w, c, r = self.knobs.as_tuple()
-        extra = "".join(f" {n}={v:g}" for n, v in self.levers)
+        extra = "".join(f" {n}={LEVERS[n].show(v)}" for n, v in self.levers)
         return f"window={w:g} chunk={c} ratio={r:g}{extra}"
 
 
@@ -135,16 +158,15 @@ def parse_candidates(spec: str) -> list[Setting]:
                              f"levers: {', '.join(sorted(LEVERS)) or 'none'})")
         if key in grid:
             raise ValueError(f"candidates: {key!r} is given twice")
+        texts = [v for v in values.split(",") if v.strip()]
+        if key in LEVERS:
+            grid[key] = [LEVERS[key].parse(v) for v in texts]
+            continue
         try:
-            grid[key] = [float(v) for v in values.split(",") if v.strip()]
+            grid[key] = [float(v) for v in texts]
         except ValueError:
             raise ValueError(f"candidates: {key}={values!r} holds a value that is not a "
                              "number") from None
-        for v in grid[key]:
-            if key in LEVERS and not LEVERS[key].low <= v <= LEVERS[key].high:
-                lv = LEVERS[key]
-                raise ValueError(f"candidates: {key}={v:g} is outside its range "
-                                 f"[{lv.low:g}, {lv.high:g}]")
     knob_axes = [grid.get(short, [getattr(DEFAULT_KNOBS, full)])
                  for short, full in _KNOB_KEYS.items()]
     lever_names = sorted(k for k in grid if k in LEVERS)
@@ -154,9 +176,7 @@ def parse_candidates(spec: str) -> list[Setting]:
             knobs = Knobs(float(w), int(c), float(r))
         except ValueError as e:
             raise ValueError(f"candidates: {e}") from None
-        levers = tuple((n, float(round(v)) if LEVERS[n].integer else v)
-                       for n, v in zip(lever_names, lv))
-        settings.append(Setting(knobs, levers))
+        settings.append(Setting(knobs, tuple(zip(lever_names, lv))))
     if not settings:
         raise ValueError(f"candidates: {spec!r} names no setting")
     return list(dict.fromkeys(settings))
