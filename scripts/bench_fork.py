@@ -1,6 +1,6 @@
 """What a snapshot of the engine costs against a replay, for the lookahead oracle.
 
-    PYTHONPATH=$PWD python scripts/bench_fork.py --trace azure-conv --rate-scale 1.5
+    PYTHONPATH=$PWD python scripts/bench_fork.py --trace azure-conv --rate-scale 1.5 --at 60 200 400
 
 A lookahead oracle needs the engine's state at ``t`` once per candidate. Three ways to get it,
 timed side by side in one run at a few points of a session (decided every interval, so the
@@ -16,10 +16,12 @@ search multiplies by its candidates.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
 import time
+from dataclasses import dataclass
+
+import tyro
 
 from env.session import ServingSession
 from env.traces import rate_scale, split
@@ -47,15 +49,26 @@ def _look_ahead(engine, horizon_s: float) -> None:
     engine.fork(horizon_s).run_until(engine.now + horizon_s)
 
 
+@dataclass
+class Args:
+    """Where to measure."""
+
+    trace: str = "azure-conv"
+    """the trace spec"""
+    split: str = "eval"
+    """train | eval | all"""
+    rate_scale: float = 1.0
+    """load, x the trace's own rate"""
+    at: tuple[float, ...] = (60.0, 300.0, 600.0)
+    """session times (simulated s) at which to measure"""
+    horizon_s: float = 10.0
+    """how far a fork looks ahead (only arrivals within it are copied)"""
+    repeat: int = 5
+    """timings are the best of this many (half as many for the slow replay and deepcopy)"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default="azure-conv")
-    ap.add_argument("--split", default="eval")
-    ap.add_argument("--rate-scale", type=float, default=1.0)
-    ap.add_argument("--at", default="60,300,600", help="comma-separated session times (s)")
-    ap.add_argument("--horizon-s", type=float, default=10.0)
-    ap.add_argument("--repeat", type=int, default=5)
-    args = ap.parse_args(argv)
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
     trace = split(resolve_trace(args.trace), args.split)
     if args.rate_scale != 1.0:
         trace = rate_scale(trace, args.rate_scale)
@@ -65,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| t s | in flight | replay 0..t ms | deepcopy ms | fork ms | look ahead ms | "
           "replay/fork | deepcopy/fork |")
     print("|---|---|---|---|---|---|---|---|")
-    for t in sorted(float(x) for x in args.at.split(",")):
+    for t in sorted(args.at):
         while session.now < t:
             session.step(DEFAULT_KNOBS)
         engine = session.engine
