@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from env.session import RewardWeights
+from runtime.session import DEFAULT_INTERVAL_S
+
 
 @dataclass
 class Config:
@@ -77,13 +80,13 @@ class Config:
     """lowest rate scale an episode is drawn at"""
     rate_scale_max: float = 2.5
     """highest rate scale an episode is drawn at"""
-    interval_s: float = 0.25
+    interval_s: float = DEFAULT_INTERVAL_S
     """decision interval (simulated seconds)"""
-    memory_price: float = 0.05
+    memory_price: float = RewardWeights.memory_price
     """reward: price of the KV ratio per interval"""
-    violation_weight: float = 1.0
+    violation_weight: float = RewardWeights.violation_weight
     """reward: weight of an SLO violation against an SLO-meeting completion"""
-    oom_penalty: float = 0.5
+    oom_penalty: float = RewardWeights.oom_penalty
     """reward: penalty per OOM"""
     eval_every: int = 50_000
     """evaluate against the baselines every this many steps"""
@@ -234,8 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
     import env as env_pkg
-    from agents.evaluate import EvalSpec, make_controller, markdown_table, plot, run_episode
+    from agents.arena import run_episode
     from agents.export import export_policy, stamp_metadata
+    from agents.registry import EvalSpec, make_controller
+    from agents.report import markdown_table, plot
     from agents.sb3_controller import SB3PolicyController
     from env.traces import rate_scale, split, time_window
     from env.traces.resolve import resolve_trace, trace_label
@@ -416,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{export.operators}")
 
     # ---------------------------------------------------------------- final evaluation
-    from agents.evaluate import evaluate
+    from agents.arena import evaluate
 
     controllers = [c for c in cfg.final_controllers.split(",") if c] + [f"policy:{onnx_path}"]
     result = evaluate(traces, controllers, cfg.final_rate_scales, part="eval",

@@ -6,16 +6,15 @@ controller retuning the knobs every decision interval; print the run's summary a
     python scripts/serve_replay.py --executor sim \
         --profile checkpoints/profiles/cpu-tiny-measured.json
 
-``--controller`` is ``static``, ``pid``, or ``module:factory`` for any other decider (for example
-the ONNX decider): the factory is called with no arguments and must return an object with
-``decide(observation) -> Knobs``. The summary has the fields of the simulated replay
-(``Engine.summary()``) plus ``wall_s``.
+``--controller`` is any name of the controller registry (:mod:`agents.registry`): ``static``
+(the knobs given), ``pid``, ``aimd``, ``policy:PATH``, or ``module:factory`` for any other
+controller (called with no arguments; it answers ``decide(observation) -> Decision``). The
+summary has the fields of the simulated replay (``Engine.summary()``) plus ``wall_s``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import sys
@@ -27,36 +26,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from steady_cpu import steady_allocator  # noqa: E402
 
+from agents.registry import EvalSpec, make_controller  # noqa: E402
 from env.traces import LogNormalLengths, Trace, poisson, time_window  # noqa: E402
 from env.traces.lengths import Z_99  # noqa: E402
 from env.traces.resolve import resolve_trace  # noqa: E402
-from runtime.decider.controller import StaticController  # noqa: E402
-from runtime.decider.pid import PidController  # noqa: E402
 from runtime.engine.engine import EngineConfig  # noqa: E402
 from runtime.engine.profile import Profile  # noqa: E402
 from runtime.engine.slo import SloTarget  # noqa: E402
 from runtime.knobs import Knobs  # noqa: E402
-from runtime.wallclock import ReplayResult, replay  # noqa: E402
+from runtime.session import DEFAULT_HISTORY, RunResult, SimulatedPacer, replay  # noqa: E402
+from runtime.wallclock import WallClockPacer  # noqa: E402
 
 # Defaults sized for the CPU tiny shape (an iteration takes a few milliseconds): targets that
 # put attainment in the middle of its range under the default load, so errors show.
 TINY_SLO = {"ttft_s": 0.25, "tpot_s": 0.02}
 H200_SLO = {"ttft_s": 1.0, "tpot_s": 0.05}
-
-
-def controller_from_spec(spec: str, knobs: Knobs):
-    """``static`` | ``pid`` | ``module:factory``."""
-    if spec == "static":
-        return StaticController(knobs)
-    if spec == "pid":
-        return PidController()
-    if ":" not in spec:
-        raise ValueError(f"--controller must be static, pid or module:factory, got {spec!r}")
-    mod, attr = spec.split(":", 1)
-    obj = getattr(importlib.import_module(mod), attr)()
-    if not hasattr(obj, "decide"):
-        raise ValueError(f"{spec} returned {type(obj).__name__}, which has no decide()")
-    return obj
 
 
 def add_common_args(ap: argparse.ArgumentParser) -> None:
@@ -148,13 +132,20 @@ def warm_up(executor, iterations: int = 5) -> None:
             executor.execute(b, 0.5)
 
 
-def run(args: argparse.Namespace, executor, realtime: bool) -> ReplayResult:
+def run(args: argparse.Namespace, executor, realtime: bool,
+        lags: list[float] | None = None) -> RunResult:
+    """Replay the window of ``args`` on ``executor``; in wall-clock time when ``realtime``
+    (every iteration's lag then goes to ``lags`` when given)."""
     w = window_from_args(args)
     knobs = Knobs.clamped(args.window_ms, args.chunk, args.ratio)
+    config = engine_config_from_args(args)
+    spec = EvalSpec(args.trace or "synthetic", "train", None, args.interval, config, knobs)
+    pacer = (WallClockPacer(on_lag=lags.append if lags is not None else None) if realtime
+             else SimulatedPacer())
     return replay(executor, w.arrival_s, w.prompt_tokens, w.output_tokens,
-                  controller=controller_from_spec(args.controller, knobs), knobs=knobs,
-                  interval_s=args.interval, realtime=realtime,
-                  config=engine_config_from_args(args))
+                  decider=make_controller(args.controller, spec), knobs=knobs,
+                  interval_s=args.interval, pacer=pacer, config=config,
+                  history=DEFAULT_HISTORY)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -180,12 +171,12 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"replaying {len(w)} requests ({w.source}) on {args.executor} "
           f"({args.shape}, {args.device}), controller {args.controller}", file=sys.stderr)
     res = run(args, executor, realtime)
-    out = {"summary": res.summary, "setup_s": setup_s, "window": w.source,
-           "intervals": res.intervals}
+    out = {"summary": res.as_dict(), "setup_s": setup_s, "window": w.source,
+           "intervals": [r.as_dict() for r in res.intervals]}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(res.summary, indent=2))
+    print(json.dumps(out["summary"], indent=2))
     return out
 
 

@@ -57,7 +57,7 @@ def test_without_a_usable_model_the_pid_decides_and_names_the_reason(tmp_path, m
     decision = d.decide(obs)
     assert decision.source == "pid" and decision.reason == reason
     assert decision.policy_version is None
-    assert decision.knobs == PidController().decide(obs)
+    assert decision.knobs == PidController().decide(obs).knobs
     assert d.missing_reason == reason
 
 
@@ -72,7 +72,7 @@ def test_a_non_finite_field_the_pid_does_not_read_leaves_the_pid_in_charge(polic
     obs[OBSERVATION_INDEX["arrival_rate_rps"]] = np.nan
     d = decider(policy_path, max_step=2.0).decide(obs)
     assert (d.source, d.reason, d.policy_version) == ("pid", "non-finite input", "test-1")
-    assert d.knobs == PidController().decide(obs)
+    assert d.knobs == PidController().decide(obs).knobs
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
@@ -131,7 +131,7 @@ def test_a_policy_that_answers_nan_hands_that_decision_to_the_pid():
     decision = d.decide(hot)
     assert (decision.source, decision.reason, decision.policy_version) == (
         "pid", "non-finite output", "nan")
-    assert decision.knobs == PidController().decide(hot)
+    assert decision.knobs == PidController().decide(hot).knobs
 
 
 def test_an_exception_in_the_policy_hands_the_decision_to_the_pid(policy_path, monkeypatch):

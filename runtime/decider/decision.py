@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 from runtime.knobs import Knobs
+from runtime.observation import SPEC_VERSION
 
 Source = Literal["policy", "pid", "static"]
-"""Who chose the knobs: the ONNX policy, the PID fallback, or the static last resort (when even
-the PID cannot read the observation)."""
+"""Who chose the knobs in the guarded decider: the ONNX policy, the PID fallback, or the static
+last resort (when even the PID cannot read the observation). A baseline controller of the arena
+answers with its own name (``aimd``, ``heuristic``, ``best-static``)."""
 
 SOURCES: tuple[Source, ...] = ("policy", "pid", "static")
 
@@ -46,7 +48,9 @@ class Decision(NamedTuple):
     embedded hot path, where a frozen dataclass's ``__init__`` cost three times as much."""
 
     knobs: Knobs
-    source: Source
+    source: str
+    """who chose the knobs: one of :data:`SOURCES` from the guarded decider, or a baseline
+    controller's name"""
     spec_version: str
     """the runtime's observation and knob spec (``runtime.observation.SPEC_VERSION``)"""
     policy_version: str | None
@@ -59,3 +63,8 @@ class Decision(NamedTuple):
         return {"knobs": self.knobs.as_dict(), "source": self.source,
                 "spec_version": self.spec_version, "policy_version": self.policy_version,
                 "reason": self.reason}
+
+
+def decided_by(knobs: Knobs, source: str) -> Decision:
+    """The decision of a plain controller (static, PID, a baseline): no policy, no fallback."""
+    return Decision(knobs, source, SPEC_VERSION, None, None)
