@@ -14,7 +14,7 @@ from env.traces import rate_scale, time_window
 from env.traces import split as split_trace
 from env.traces.resolve import resolve_trace
 from env.traces.trace import Trace
-from runtime.decider.guard import DEFAULT_MAX_STEP
+from runtime.decider.guard import DEFAULT_MAX_STEP, slew_limit_one
 from runtime.engine.engine import EngineConfig
 from runtime.engine.factory import make_executor
 from runtime.engine.profile import Profile
@@ -171,12 +171,8 @@ class ServingEnv(gym.Env):
         values = action.tolist() if hasattr(action, "tolist") else list(action)
         if len(values) != NUM_KNOBS:
             raise ValueError(f"an action has {NUM_KNOBS} components, got {len(values)}")
-        # the decider's slew_limit, on three floats (numpy's per-call cost is most of a step's
-        # own overhead)
-        m = self.max_step
-        limited = [min(max(a, c - m), c + m)
-                   for a, c in zip(values, knobs_to_action(self.session.engine.knobs))]
-        knobs = action_to_knobs(limited)
+        knobs = action_to_knobs(slew_limit_one(*values, knobs_to_action(self.session.engine.knobs),
+                                               self.max_step))
         result = self.session.step(knobs)
         truncated = self.session.window_over
         info = self._info(result)

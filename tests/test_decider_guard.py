@@ -223,3 +223,19 @@ def test_describe_says_what_is_loaded_and_why_not(policy_path, tmp_path):
     assert not info["loaded"] and info["missing_reason"] == "model missing"
     assert "no policy file at" in info["last_error"]
     assert math.isfinite(info["max_step"])
+
+
+def test_the_scalar_and_batch_slew_limits_and_knob_mappings_agree():
+    """The decider limits one decision with three floats and a REST batch with numpy: the two
+    must give the same knobs for the same actions."""
+    from runtime.decider.guard import slew_limit, slew_limit_one
+    from runtime.knobs import action_to_knobs, actions_to_knobs
+
+    rng = np.random.default_rng(7)
+    actions = rng.uniform(-1.6, 1.6, (500, 3))
+    current = rng.uniform(-1.0, 1.0, (500, 3))
+    batch = slew_limit(actions, current, 0.5)
+    one = np.array([slew_limit_one(*a, c, 0.5) for a, c in zip(actions, current)])
+    assert np.array_equal(batch, one)
+    assert np.abs(one - current).max() <= 0.5 + 1e-12 and np.abs(one).max() <= 1.0
+    assert actions_to_knobs(batch) == [action_to_knobs(a) for a in one]
