@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 from runtime.knobs import Knobs
 from runtime.observation import SPEC_VERSION
@@ -48,9 +48,9 @@ class Decision(NamedTuple):
     embedded hot path, where a frozen dataclass's ``__init__`` cost three times as much."""
 
     knobs: Knobs
-    source: str
-    """who chose the knobs: one of :data:`SOURCES` from the guarded decider, or a baseline
-    controller's name"""
+    source: Source
+    """who chose the knobs: one of :data:`SOURCES` from the guarded decider (what the REST API
+    and its metrics see), or a baseline controller's name in the arena"""
     spec_version: str
     """the runtime's observation and knob spec (``runtime.observation.SPEC_VERSION``)"""
     policy_version: str | None
@@ -66,5 +66,6 @@ class Decision(NamedTuple):
 
 
 def decided_by(knobs: Knobs, source: str) -> Decision:
-    """The decision of a plain controller (static, PID, a baseline): no policy, no fallback."""
-    return Decision(knobs, source, SPEC_VERSION, None, None)
+    """The decision of a plain controller (static, PID, a baseline): no policy, no fallback.
+    A baseline's name stands outside :data:`Source`; only the arena reads it."""
+    return Decision(knobs, cast(Source, source), SPEC_VERSION, None, None)
