@@ -44,9 +44,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from runtime.decider.decision import Decision, decided_by
 from runtime.engine.engine import Engine
 from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, Knobs
 
+ORACLE_NAME = "oracle"
+"""the oracle's name in the controller registry and on command lines"""
 ORACLE_LABEL = "oracle (upper bound)"
 """how every table names the oracle's row"""
 
@@ -267,7 +270,7 @@ class LookaheadOracle:
     :param interval_s: the decision interval of the sessions it will be bound to
     """
 
-    name = "oracle"
+    name = ORACLE_NAME
     label = ORACLE_LABEL
 
     def __init__(self, config: OracleConfig | None = None, *, anchor: Setting | Knobs | None = None,
@@ -286,6 +289,7 @@ class LookaheadOracle:
         self.last_search: Search | None = None
         self.searches = 0
         self._calls = 0
+        self._decisions: dict[Setting, Decision] = {}
 
     def bind(self, engine: Engine) -> None:
         """Control ``engine`` (a session's) from now on; forgets the previous one."""
@@ -316,13 +320,16 @@ class LookaheadOracle:
         self._calls += 1
         return self.current
 
-    def decide(self, observation: np.ndarray) -> Knobs:
+    def decide(self, observation: np.ndarray) -> Decision:
         """The knobs for the next interval. Extra levers of the setting are set on the bound
         engine here, since the session applies only the knobs."""
         setting = self.decide_setting()
         for name, value in setting.levers:
             LEVERS[name].apply(self._engine, value)
-        return setting.knobs
+        decision = self._decisions.get(setting)
+        if decision is None:
+            decision = self._decisions[setting] = decided_by(setting.knobs, self.name)
+        return decision
 
 
 def setting_names(candidates: Sequence[Setting]) -> tuple[str, ...]:

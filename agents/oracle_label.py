@@ -132,7 +132,7 @@ def label_window(window: Trace, oracle: LookaheadOracle, labels: Labels, *, inde
     result = session.step(DEFAULT_KNOBS)
     while not session.window_over:
         observation = result.observation
-        knobs = oracle.decide(observation)
+        knobs = oracle.decide(observation).knobs
         labels.observations.append(observation)
         labels.settings.append(setting_vector(oracle.current, names))
         labels.actions.append(knobs_to_action(knobs))

@@ -4,7 +4,7 @@
         --rate-scales 0.7 0.9
 
 On each trace's held-out split, every controller replays the whole split through the arena's
-data path (``agents.evaluate.run_episode``) at: the given rate scales, and multiples of best
+data path (``agents.arena.run_episode``) at: the given rate scales, and multiples of best
 static's capacity at 99% attainment (``--capacity-multiples``). Then each controller's own
 capacity at 99% is found by bisection to within 2% (started from the loads already measured).
 Prints attainment and goodput side by side, the oracle's gain over best static in points, and
@@ -24,9 +24,10 @@ from pathlib import Path
 
 import tyro
 
+from agents.arena import _window, find_capacity, run_episode
 from agents.controllers.best_static import BestStaticController, best_static_knobs
-from agents.evaluate import EvalSpec, _window, find_capacity, run_episode
 from agents.oracle import ORACLE_LABEL, LookaheadOracle, OracleConfig
+from agents.registry import EvalSpec
 from env.traces.resolve import trace_label
 from runtime.decider.controller import StaticController
 from runtime.engine.profile import Profile

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from agents import oracle_label
-from agents.evaluate import ORACLE, EvalSpec, make_controller, run_episode, short_name
+from agents.arena import run_episode
 from agents.oracle import (
     LookaheadOracle,
     OracleConfig,
@@ -21,6 +21,8 @@ from agents.oracle import (
     score_setting,
     search,
 )
+from agents.registry import ORACLE, EvalSpec, make_controller
+from agents.report import short_name
 from env.traces.trace import Trace
 from runtime.decider.controller import StaticController
 from runtime.engine.engine import Engine
@@ -151,7 +153,7 @@ def test_the_oracle_searches_once_a_period_and_keeps_its_choice_in_between():
     oracle.bind(e)
     chosen = []
     for _ in range(8):
-        knobs = oracle.decide(None)
+        knobs = oracle.decide(None).knobs
         chosen.append(knobs)
         e.set_knobs(knobs)
         e.run_until(e.now + 0.25)
