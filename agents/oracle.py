@@ -1,8 +1,8 @@
 """The lookahead oracle: an upper bound on what run-time control of the engine's levers can buy.
 
 Every ``period_s`` it forks the engine (:meth:`runtime.engine.engine.Engine.fork`: a copy of the
-state now, with the future arrivals of the trace known), runs each candidate setting held fixed
-for ``horizon_s`` on its own fork, and applies the one that scored best until the next search.
+state now, with the future arrivals of the trace known), runs each candidate setting
+``horizon_s`` ahead on its own fork, and applies the one that scored best until the next search.
 It sees the future, so it is labelled "oracle (upper bound)" wherever it is reported. It is a
 receding-horizon greedy search, not a proof of optimality: a setting that pays off only after the
 horizon, or a sequence of settings within one horizon, is not searched.
