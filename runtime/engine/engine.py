@@ -35,7 +35,6 @@ from __future__ import annotations
 import bisect
 import copy
 import heapq
-import itertools
 import math
 import operator
 from collections import deque
@@ -569,7 +568,7 @@ class Engine:
     def fork(self, horizon_s: float = math.inf) -> Engine:
         """An independent copy of the engine now, to try settings ahead (a lookahead oracle).
 
-        The copy holds its own requests in flight (waiting and running), its own copies of the
+        The copy holds its own requests in flight (in any queue), its own copies of the
         requests arriving within ``horizon_s`` of ``now`` (later arrivals are left out, so a fork
         for a short look ahead does not copy the rest of the trace), its own block pool, deadline
         heap, interval counters and executor. Its ``requests`` list holds only those copies:
@@ -592,20 +591,18 @@ class Engine:
                                                       self._decode_cost)}
         memo[id(self.executor)] = fork_executor()
         memo[id(self.pool)] = self.pool.copy()
-        copies: list[Request] = []
-        for r in itertools.chain(self.running, self.waiting):
-            c = r.clone()
-            memo[id(r)] = c
-            copies.append(c)
+        memo[id(self._pending)] = pending
+        memo[id(self.requests)] = copies = []
+        # Requests in flight, in whatever queue holds them, are cloned once each as the deep copy
+        # meets them (Request.__deepcopy__); deadline entries of finished requests are dropped.
+        state = dict(self.__dict__)
+        state["_deadlines"] = [e for e in self._deadlines if e[3].status < Status.FINISHED]
+        clone = Engine.__new__(Engine)
+        clone.__dict__ = copy.deepcopy(state, memo)
+        heapq.heapify(clone._deadlines)
+        copies.extend(v for v in memo.values() if type(v) is Request)
         copies.extend(pending)
         copies.sort(key=_request_id)
-        memo[id(self.requests)] = copies
-        memo[id(self._pending)] = pending
-        heap = [(d, i, k, memo[id(r)]) for d, i, k, r in self._deadlines if id(r) in memo]
-        heapq.heapify(heap)
-        memo[id(self._deadlines)] = heap
-        clone = Engine.__new__(Engine)
-        clone.__dict__ = copy.deepcopy(self.__dict__, memo)
         clone._next_pending = 0
         return clone
 

@@ -83,6 +83,10 @@ class Request:
         c.admitted_s = self.admitted_s
         return c
 
+    def __deepcopy__(self, memo: dict) -> Request:
+        c = memo[id(self)] = self.clone()
+        return c
+
     @property
     def num_tokens(self) -> int:
         return self.prompt_tokens + self.num_output_tokens
