@@ -311,7 +311,7 @@ class Engine:
         policy to those that are late."""
         dl = self._deadlines
         now = self.now
-        while dl and dl[0][0] < now:
+        while dl and dl[0][0] <= now:  # a first token or finish at ``now`` is applied already
             _, _, kind, r = heapq.heappop(dl)
             if r.status >= Status.FINISHED:
                 continue
@@ -654,6 +654,10 @@ class Engine:
             deadline = self._admission_deadline()
             if deadline > now:
                 wake = min(wake, deadline)
+        if (self._policy != AdmissionPolicy.FCFS or self.waiting_batch) and self._deadlines:
+            # a late request or an expiring batch one changes the queues at its deadline, as
+            # the step-by-step path would see it
+            wake = min(wake, self._deadlines[0][0])
         if wake <= now:
             return False
         bs = self.block_size
@@ -729,7 +733,7 @@ class Engine:
         dl = self._deadlines
         while self.now < t:
             self._take_arrivals()
-            if dl and dl[0][0] < self.now:
+            if dl and dl[0][0] <= self.now:
                 self._count_certain_violations()
             self._admit()
             if self._fast_decode(t):
@@ -740,6 +744,8 @@ class Engine:
             wake = min(t, self._next_arrival_s())
             if self.waiting:
                 wake = min(wake, self._admission_deadline())
+            if (self._policy != AdmissionPolicy.FCFS or self.waiting_batch) and dl:
+                wake = min(wake, dl[0][0])  # a batch request expires, a late one is dropped
             if wake <= self.now:  # waiting, but blocked (cannot happen with nothing running)
                 raise RuntimeError(f"engine stalled at t={self.now}: {len(self.waiting)} waiting, "
                                    f"{len(self.running)} running, {self.pool.num_free} free blocks")
