@@ -19,7 +19,7 @@ from runtime.engine.slo import DEFAULT_SLO_CLASSES, SloTarget
 from runtime.knobs import Knobs
 from tests.engine_factory import hand_profile, make_engine, random_workload
 
-I, B = "interactive", "batch"
+INT, B = "interactive", "batch"
 
 
 def test_interactive_prefill_goes_first_and_batch_takes_its_share_of_the_rest():
@@ -29,7 +29,7 @@ def test_interactive_prefill_goes_first_and_batch_takes_its_share_of_the_rest():
     # token); step 2: interactive decode + 40 batch (50 ms, to 0.205: interactive done);
     # step 3: the last 20 batch tokens (30 ms, 0.235: batch first token); step 4: decode (0.245).
     e = make_engine(chunk=160, batch_share=0.25)
-    e.add_requests([0.0, 0.0], [100, 100], [2, 2], [B, I])
+    e.add_requests([0.0, 0.0], [100, 100], [2, 2], [B, INT])
     e.run_to_completion()
     e.check_invariants()
     b, i = e.requests
@@ -66,7 +66,7 @@ def test_a_batch_request_is_preempted_before_a_newer_interactive_one():
     # 12 blocks; three requests of 32 + 60 tokens (6 blocks each at the end) cannot all fit.
     # Running order is interactive first, [A, C, B], so B goes although C was admitted with it.
     e = make_engine(hand_profile(blocks_at_half=12), watermark=0.0)
-    e.add_requests([0.0, 0.001, 0.002], [32, 32, 32], [60, 60, 60], [I, B, I])
+    e.add_requests([0.0, 0.001, 0.002], [32, 32, 32], [60, 60, 60], [INT, B, INT])
     e.run_to_completion()
     e.check_invariants()
     a, b, c = e.requests
@@ -80,7 +80,7 @@ def test_an_interactive_admission_that_does_not_fit_preempts_batch_work():
     # next step starts at 0.200, when the batch request holds 7 of the 10 blocks: it is
     # preempted, and the interactive prefill runs alone (10 + 64 ms).
     e = make_engine(hand_profile(blocks_at_half=10), watermark=0.0)
-    e.add_requests([0.0, 0.193], [100, 64], [50, 1], [B, I])
+    e.add_requests([0.0, 0.193], [100, 64], [50, 1], [B, INT])
     e.run_to_completion()
     e.check_invariants()
     b, i = e.requests
@@ -90,7 +90,7 @@ def test_an_interactive_admission_that_does_not_fit_preempts_batch_work():
 
 
 def test_a_batch_request_whose_deadline_passes_before_admission_expires():
-    classes = {I: DEFAULT_SLO_CLASSES[I], B: SloTarget(1.0, 1.0, deadline_s=1.0)}
+    classes = {INT: DEFAULT_SLO_CLASSES[INT], B: SloTarget(1.0, 1.0, deadline_s=1.0)}
     e = make_engine(batch_share=0.0, slo_classes=classes)
     e.add_requests([0.5], [100], [1], [B])
     e.run_until(1.0)
@@ -207,7 +207,7 @@ def test_the_engine_lends_what_kv_and_a_full_iterations_activations_leave():
 
 def _mixed_workload(seed: int, n: int = 240):
     arrivals, prompts, outputs = random_workload(seed, n, rate=25)
-    classes = np.where(np.random.default_rng(seed).random(n) < 0.3, B, I)
+    classes = np.where(np.random.default_rng(seed).random(n) < 0.3, B, INT)
     return arrivals, prompts, outputs, classes
 
 
@@ -221,7 +221,7 @@ LEVERS = [
 
 @pytest.mark.parametrize("levers", LEVERS)
 def test_every_request_ends_finished_or_rejected_and_class_counts_add_up(levers):
-    classes_cfg = {I: DEFAULT_SLO_CLASSES[I], B: SloTarget(1.0, 1.0, deadline_s=8.0)}
+    classes_cfg = {INT: DEFAULT_SLO_CLASSES[INT], B: SloTarget(1.0, 1.0, deadline_s=8.0)}
     e = make_engine(hand_profile(blocks_at_half=120, prefill_token_s=2e-5,
                                  decode_ctx_token_s=1e-6), chunk=256, slo_classes=classes_cfg,
                     cotenant=CoTenantDemand(gib=np.array([0.001, 0.004])), **levers)
