@@ -35,6 +35,10 @@ class ReplayResult:
             "preemptions": s.preemptions, "ooms": s.ooms, "iterations": s.iterations,
             "sim_seconds": s.sim_seconds, "wall_seconds": self.wall_seconds,
             "speedup": self.speedup,
+            "interactive_attainment": s.interactive_attainment,
+            "batch_requests": s.batch_requests, "batch_met": s.batch_met,
+            "batch_goodput_tps": s.batch_goodput_tps, "batch_unfinished": s.batch_unfinished,
+            "mean_kv_gib": s.mean_kv_gib, "cotenant_served_share": s.cotenant_served_share,
         }
 
 

@@ -456,16 +456,20 @@ class Engine:
                 if queue and not self._admit_from(queue):
                     return
         if self.waiting_batch:
+            n = self._num_running_batch
             slots = min(self.config.max_num_seqs,
-                        len(self.running) - self._num_running_batch
-                        + int(self.batch_share * self.config.max_num_seqs))
-            self._admit_from(self.waiting_batch, slots)
+                        len(self.running) - n + int(self.batch_share * self.config.max_num_seqs))
+            held = sum(len(r.block_ids) for r in self.running[len(self.running) - n:])
+            self._admit_from(self.waiting_batch, slots,
+                             int(self.batch_share * self.pool.num_blocks) - held)
 
-    def _admit_from(self, queue: deque[Request], max_seqs: int | None = None) -> bool:
+    def _admit_from(self, queue: deque[Request], max_seqs: int | None = None,
+                    max_blocks: int | None = None) -> bool:
         """Admit requests from the front of ``queue`` while ``running`` has fewer than
-        ``max_seqs`` (default: ``max_num_seqs``) and KV blocks allow; an interactive request that
-        does not fit preempts running batch requests when that makes it fit. Returns whether the
-        queue was emptied."""
+        ``max_seqs`` (default: ``max_num_seqs``), the admitted ones take at most ``max_blocks``
+        blocks (default: no cap) and KV blocks allow; an interactive request that does not fit
+        preempts running batch requests when that makes it fit. Returns whether the queue was
+        emptied."""
         pool = self.pool
         bs = self.block_size
         if max_seqs is None:
@@ -481,6 +485,10 @@ class Engine:
                 self._reject(r, RejectReason.EXCEEDS_KV_CAPACITY)
                 continue
             need = -(-r.num_tokens // bs)
+            if max_blocks is not None:
+                if need > max_blocks:
+                    return False
+                max_blocks -= need
             if len(running) >= max_seqs or pool.num_free - need < (watermark if running else 0):
                 if batch or not self._make_room_from_batch(need, watermark):
                     return False
