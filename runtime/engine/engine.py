@@ -486,8 +486,8 @@ class Engine:
                 continue
             need = -(-r.num_tokens // bs)
             if max_blocks is not None:
-                if need > max_blocks:
-                    return False
+                if need > max_blocks and self._num_running_batch:
+                    return False  # (a request larger than the cap runs when it runs alone)
                 max_blocks -= need
             if len(running) >= max_seqs or pool.num_free - need < (watermark if running else 0):
                 if batch or not self._make_room_from_batch(need, watermark):
