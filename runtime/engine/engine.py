@@ -157,6 +157,10 @@ class Engine:
         self._num_prefilling = 0  # running requests that still have prompt (or recompute) work
         self._policy = AdmissionPolicy(self.config.admission)
         self._slack = self.config.admission_slack
+        # whether deadlines can change the queues (then time stops at them), and whether a
+        # request gets a separate event when its slack passes
+        self._fcfs = self._policy == AdmissionPolicy.FCFS
+        self._slack_events = not self._fcfs and self._slack != 1.0
         self.batch_share = self.config.batch_share
         self._cotenant = self.config.cotenant
         self._mem_t = 0.0  # memory integrals are accounted up to here
@@ -242,7 +246,7 @@ class Engine:
                 self._waiting_tokens += r.prompt_tokens
                 heapq.heappush(self._deadlines,
                                (r.arrival_s + r.ttft_target_s, r.req_id, _FIRST_TOKEN, r))
-                if self._policy != AdmissionPolicy.FCFS and self._slack != 1.0:
+                if self._slack_events:
                     heapq.heappush(self._deadlines, (r.arrival_s + self._slack * r.ttft_target_s,
                                                      r.req_id, _LATE, r))
         if i > self._next_pending:
@@ -332,9 +336,9 @@ class Engine:
 
     def _on_late(self, r: Request) -> None:
         """Apply the admission policy to ``r``, late for its first token."""
-        policy = self._policy
-        if policy == AdmissionPolicy.FCFS:
+        if self._fcfs:
             return
+        policy = self._policy
         if r.status == Status.WAITING:  # in ``waiting``: each request is found late once
             self.waiting.remove(r)
             if policy == AdmissionPolicy.LATE_TO_BACK:
@@ -662,7 +666,7 @@ class Engine:
             deadline = self._admission_deadline()
             if deadline > now:
                 wake = min(wake, deadline)
-        if (self._policy != AdmissionPolicy.FCFS or self.waiting_batch) and self._deadlines:
+        if (not self._fcfs or self.waiting_batch) and self._deadlines:
             # a late request or an expiring batch one changes the queues at its deadline, as
             # the step-by-step path would see it
             wake = min(wake, self._deadlines[0][0])
@@ -752,7 +756,7 @@ class Engine:
             wake = min(t, self._next_arrival_s())
             if self.waiting:
                 wake = min(wake, self._admission_deadline())
-            if (self._policy != AdmissionPolicy.FCFS or self.waiting_batch) and dl:
+            if (not self._fcfs or self.waiting_batch) and dl:
                 wake = min(wake, dl[0][0])  # a batch request expires, a late one is dropped
             if wake <= self.now:  # waiting, but blocked (cannot happen with nothing running)
                 raise RuntimeError(f"engine stalled at t={self.now}: {len(self.waiting)} waiting, "
