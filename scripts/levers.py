@@ -27,6 +27,7 @@ from env.replay import replay
 from env.traces import rate_scale, split
 from env.traces.cotenant import cotenant_demand
 from env.traces.resolve import resolve_trace
+from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.engine import EngineConfig
 from runtime.knobs import Knobs
 
@@ -37,9 +38,9 @@ def parse_knobs(text: str) -> Knobs:
 
 
 def candidates(slacks: list[float]) -> list[tuple[str, float]]:
-    out = [("fcfs", 1.0)]
-    for policy in ("late_to_back", "shed"):
-        out += [(policy, s) for s in slacks]
+    out = [(AdmissionPolicy.FCFS.value, 1.0)]
+    for policy in (AdmissionPolicy.LATE_TO_BACK, AdmissionPolicy.SHED):
+        out += [(policy.value, s) for s in slacks]
     return out
 
 
@@ -52,7 +53,7 @@ def admission(args: argparse.Namespace) -> dict:
         return replay(rate_scale(trace, scale), knobs, config=config).summary
 
     capacity = args.capacity or find_capacity(
-        lambda s: run(s, "fcfs", 1.0).slo_attainment, 0.99, {})
+        lambda s: run(s, AdmissionPolicy.FCFS.value, 1.0).slo_attainment, 0.99, {})
     rows = []
     for policy, slack in candidates(args.slacks):
         base = None
