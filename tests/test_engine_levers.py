@@ -142,6 +142,23 @@ def test_late_to_back_serves_on_time_requests_first_and_drops_nothing():
     assert (s.met, s.finished, s.rejected) == (2, 3, 0)
 
 
+def test_the_admission_policy_can_change_at_run_time_and_applies_to_requests_already_late():
+    # as _late_workload, under fcfs until 1.2 s: B (late since 1.001) is waiting
+    e = make_engine(max_num_seqs=1)
+    e.add_requests([0.0, 0.001, 0.5], [900, 100, 10], [50, 2, 2])
+    e.run_until(1.2)
+    a, b, c = e.requests
+    e.set_admission("late_to_back", 1.0)
+    assert list(e.late) == [b] and list(e.waiting) == [c]
+    e.set_admission("shed", 1.0)  # drops the late queue
+    assert b.reject_reason == RejectReason.SHED and b.finish_s == e.now
+    e.run_to_completion()
+    e.check_invariants()
+    assert c.first_token_s == pytest.approx(1.425)
+    with pytest.raises(ValueError, match="^admission must be one of"):
+        e.set_admission("drop", 1.0)
+
+
 @pytest.mark.parametrize("slack, shed_at", [(0.5, 0.505), (1.0, 1.005)])
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_the_admission_slack_sets_when_a_waiting_request_is_late(slack, shed_at, fast_path):

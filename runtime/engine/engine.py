@@ -155,12 +155,7 @@ class Engine:
         self.running: list[Request] = []
         self._num_running_batch = 0
         self._num_prefilling = 0  # running requests that still have prompt (or recompute) work
-        self._policy = AdmissionPolicy(self.config.admission)
-        self._slack = self.config.admission_slack
-        # whether deadlines can change the queues (then time stops at them), and whether a
-        # request gets a separate event when its slack passes
-        self._fcfs = self._policy == AdmissionPolicy.FCFS
-        self._slack_events = not self._fcfs and self._slack != 1.0
+        self._set_policy(self.config.admission, self.config.admission_slack)
         self.batch_share = self.config.batch_share
         self._cotenant = self.config.cotenant
         self._mem_t = 0.0  # memory integrals are accounted up to here
@@ -329,19 +324,55 @@ class Engine:
             elif r.first_token_s is None:
                 if kind == _FIRST_TOKEN:
                     self._violation(r)
-                if kind == _LATE or self._slack == 1.0:
+                if kind == _LATE:
+                    if r.arrival_s + self._slack * r.ttft_target_s <= now:  # not a stale one
+                        self._on_late(r)
+                elif self._slack == 1.0:
                     self._on_late(r)
                 elif self._policy == AdmissionPolicy.SHED and r.status == Status.RUNNING:
                     self._on_late(r)  # a prefill past its TTFT target: its miss is certain
+
+    def _set_policy(self, admission: str, slack: float) -> None:
+        self._policy = AdmissionPolicy(admission)
+        self._slack = slack
+        # whether deadlines can change the queues (then time stops at them), and whether a
+        # request gets a separate event when its slack passes
+        self._fcfs = self._policy == AdmissionPolicy.FCFS
+        self._slack_events = not self._fcfs and slack != 1.0
+
+    def set_admission(self, admission: str, slack: float) -> None:
+        """Change the admission policy and slack now (see :mod:`runtime.engine.admission`):
+        waiting requests already late get the new policy at once (``shed`` also drops those in
+        the late queue), the others when their new slack passes."""
+        EngineConfig(admission=admission, admission_slack=slack)  # checks both
+        self._set_policy(admission, slack)
+        now = self.now
+        for r in list(self.waiting):
+            if r.first_token_s is None and r.arrival_s + slack * r.ttft_target_s <= now:
+                self._on_late(r)
+        if self._policy == AdmissionPolicy.SHED:
+            while self.late:
+                r = self.late.popleft()
+                self._waiting_tokens -= r.num_tokens
+                self._interval.shed += 1
+                self._reject(r, RejectReason.SHED)
+        if self._slack_events:
+            for r in self.waiting:
+                if r.first_token_s is None and not r.is_batch:
+                    heapq.heappush(self._deadlines, (r.arrival_s + slack * r.ttft_target_s,
+                                                     r.req_id, _LATE, r))
 
     def _on_late(self, r: Request) -> None:
         """Apply the admission policy to ``r``, late for its first token."""
         if self._fcfs:
             return
         policy = self._policy
-        if r.status == Status.WAITING:  # in ``waiting``: each request is found late once
+        if r.status == Status.WAITING:
+            if r.is_late:
+                return  # already behind the on-time requests
             self.waiting.remove(r)
             if policy == AdmissionPolicy.LATE_TO_BACK:
+                r.is_late = True
                 self.late.append(r)
                 self._interval.late += 1
                 return

@@ -42,7 +42,7 @@ class Request:
         "req_id", "arrival_s", "prompt_tokens", "output_tokens", "slo_class", "ttft_target_s",
         "tpot_target_s", "status", "num_computed_tokens", "num_output_tokens", "block_ids",
         "first_token_s", "finish_s", "num_preemptions", "reject_reason", "violation_counted",
-        "admitted_s", "deadline_s", "is_batch",
+        "admitted_s", "deadline_s", "is_batch", "is_late",
     )
 
     def __init__(self, req_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
@@ -69,6 +69,7 @@ class Request:
         # A batch request is judged by its completion deadline (absolute seconds), not TTFT/TPOT.
         self.is_batch = deadline_s is not None
         self.deadline_s = arrival_s + deadline_s if deadline_s is not None else math.inf
+        self.is_late = False  # moved behind the on-time requests (admission late_to_back)
 
     @property
     def num_tokens(self) -> int:
