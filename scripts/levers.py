@@ -1,6 +1,7 @@
 """What the engine's levers are worth at fixed knobs, measured side by side in one run.
 
-    python scripts/levers.py admission --trace azure-code [--knobs 5,1024,0.9] [--json]
+    python scripts/levers.py admission --trace azure-code [--knobs 5,1024,0.9] \\
+        [--slacks 0.5 0.8 1] [--json]
     python scripts/levers.py frontier --trace azure-code [--scale 0.582] [--json]
 
 ``admission``: best static's capacity at 99% attainment with first come, first served (found by
@@ -16,10 +17,12 @@ the default co-tenant's demand (env/traces/cotenant.py) that the memory left ove
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
+from dataclasses import dataclass, field
+
+import tyro
 
 from agents.controllers.best_static import GRID
 from agents.evaluate import find_capacity
@@ -44,7 +47,37 @@ def candidates(slacks: list[float]) -> list[tuple[str, float]]:
     return out
 
 
-def admission(args: argparse.Namespace) -> dict:
+@dataclass
+class Admission:
+    """admission candidates past capacity"""
+
+    trace: str = "azure-code"
+    """the trace (any spec resolve_trace takes); its held-out split is replayed"""
+    knobs: str = "5,1024,0.9"
+    """window_ms,chunk,ratio held fixed (default: best static's on azure-code)"""
+    capacity: float | None = None
+    """best static's capacity at 99% attainment (default: found by bisection under fcfs)"""
+    slacks: list[float] = field(default_factory=lambda: [0.5, 1.0])
+    """the admission slacks tried for late_to_back and shed"""
+    json: bool = False
+    """print one JSON object"""
+
+
+@dataclass
+class Frontier:
+    """the static frontier of KV memory against attainment"""
+
+    trace: str = "azure-code"
+    """the trace (any spec resolve_trace takes)"""
+    scale: float = 0.582
+    """the load (rate scale); default: best static's capacity on azure-code"""
+    seed: int = 0
+    """the co-tenant demand's seed"""
+    json: bool = False
+    """print one JSON object"""
+
+
+def admission(args: Admission) -> dict:
     trace = split(resolve_trace(args.trace), "eval")
     knobs = parse_knobs(args.knobs)
 
@@ -70,7 +103,7 @@ def admission(args: argparse.Namespace) -> dict:
             "capacity_99_fcfs": capacity, "rows": rows}
 
 
-def frontier(args: argparse.Namespace) -> dict:
+def frontier(args: Frontier) -> dict:
     train = rate_scale(split(resolve_trace(args.trace), "train"), args.scale)
     held_out = rate_scale(split(resolve_trace(args.trace), "eval"), args.scale)
     rows = []
@@ -88,29 +121,14 @@ def frontier(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="what", required=True)
-    a = sub.add_parser("admission", help="admission candidates past capacity")
-    a.add_argument("--trace", default="azure-code")
-    a.add_argument("--knobs", default="5,1024,0.9", help="window_ms,chunk,ratio (best static's "
-                   "on azure-code)")
-    a.add_argument("--capacity", type=float, default=None,
-                   help="best static's capacity at 99% (default: found by bisection)")
-    a.add_argument("--slacks", type=lambda t: [float(x) for x in t.split(",")],
-                   default=[0.5, 1.0])
-    f = sub.add_parser("frontier", help="the static frontier of KV memory against attainment")
-    f.add_argument("--trace", default="azure-code")
-    f.add_argument("--scale", type=float, default=0.582, help="the load (rate scale)")
-    f.add_argument("--seed", type=int, default=0, help="the co-tenant demand's seed")
-    for p in (a, f):
-        p.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    out = admission(args) if args.what == "admission" else frontier(args)
+    args = tyro.extras.subcommand_cli_from_dict(
+        {"admission": Admission, "frontier": Frontier}, args=argv,
+        description=__doc__.splitlines()[0])
+    out = admission(args) if isinstance(args, Admission) else frontier(args)
     if args.json:
         print(json.dumps(out))
         return 0
-    if args.what == "admission":
+    if isinstance(args, Admission):
         print(f"{out['trace']} (eval), knobs {out['knobs']}; best static's capacity at 99% "
               f"(fcfs): x{out['capacity_99_fcfs']:.3g}")
         print("| policy | slack | load / capacity | attainment | goodput req/s | "

@@ -14,9 +14,12 @@ carry an ``slo_class`` column).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import tyro
 
 from env.replay import replay
 from env.traces import rate_scale, split
@@ -24,47 +27,52 @@ from env.traces.cotenant import cotenant_demand
 from env.traces.resolve import TRACE_ALIASES, resolve_trace
 from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.engine import EngineConfig
-from runtime.engine.profile import DEFAULT_PROFILE_PATH, Profile
-from runtime.engine.slo import DEFAULT_SLO_CLASSES, parse_slo_classes
+from runtime.engine.profile import Profile
+from runtime.engine.slo import parse_slo_classes
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(f"  {k}: {v}" for k, v in TRACE_ALIASES.items()))
-    ap.add_argument("--trace", default="synthetic",
-                    help="synthetic | azure-conv | azure-code | PATH (default: synthetic)")
-    ap.add_argument("--split", choices=("train", "eval", "all"), default="all",
-                    help="the first 40 minutes (train), the rest (eval), or all (default)")
-    ap.add_argument("--rate-scale", type=float, default=1.0,
-                    help="compress time by this factor (2 = twice the request rate)")
-    ap.add_argument("--window-ms", type=float, default=DEFAULT_KNOBS.batch_window_ms)
-    ap.add_argument("--chunk", type=int, default=DEFAULT_KNOBS.prefill_chunk_tokens)
-    ap.add_argument("--kv-ratio", type=float, default=DEFAULT_KNOBS.kv_cache_ratio)
-    ap.add_argument("--profile", default=str(DEFAULT_PROFILE_PATH),
-                    help="executor profile (default: the roofline H200 Llama-2-7B profile)")
-    ap.add_argument("--slo", default=None,
-                    help="SLO classes as name:ttft_s:tpot_s,... (default: "
-                         + ",".join(f"{k}:{v.ttft_s:g}:{v.tpot_s:g}"
-                                    for k, v in DEFAULT_SLO_CLASSES.items()) + ")")
-    ap.add_argument("--batch-share", type=float, default=EngineConfig.batch_share,
-                    help="share of each step's chunk and of the sequence slots batch-class "
-                         "requests may take (default: %(default)s)")
-    ap.add_argument("--admission", choices=tuple(AdmissionPolicy),
-                    default=EngineConfig.admission,
-                    help="what happens to interactive requests late for their first token")
-    ap.add_argument("--admission-slack", type=float, default=EngineConfig.admission_slack,
-                    help="late after waiting this many TTFT targets (default: %(default)s)")
-    ap.add_argument("--cotenant", action="store_true",
-                    help="lend the memory the engine leaves to the default co-tenant demand "
-                         "(env/traces/cotenant.py) and report the share served")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="seed of the synthetic trace and of the mixed workload's drops")
-    ap.add_argument("--step-by-step", action="store_true",
-                    help="no closed-form decode stretches (the reference path, slower)")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    return ap.parse_args(argv)
+@dataclass
+class Args:
+    trace: str = "synthetic"
+    """synthetic | azure-conv | azure-code | mixed | mixed:SPEC | PATH"""
+    split: Literal["train", "eval", "all"] = "all"
+    """the first 40 minutes (train), the rest (eval), or all"""
+    rate_scale: float = 1.0
+    """compress time by this factor (2 = twice the request rate)"""
+    window_ms: float = DEFAULT_KNOBS.batch_window_ms
+    """batch window, milliseconds"""
+    chunk: int = DEFAULT_KNOBS.prefill_chunk_tokens
+    """prefill chunk, tokens"""
+    kv_ratio: float = DEFAULT_KNOBS.kv_cache_ratio
+    """KV cache ratio"""
+    profile: str | None = None
+    """executor profile (default: the roofline H200 Llama-2-7B profile)"""
+    slo: str | None = None
+    """SLO classes as name:ttft_s:tpot_s[:deadline_s],... (default: the engine's
+    DEFAULT_SLO_CLASSES)"""
+    batch_share: float = EngineConfig.batch_share
+    """share of each step's chunk, of the sequence slots and of the KV blocks that batch-class
+    requests may take"""
+    admission: Annotated[AdmissionPolicy, tyro.conf.EnumChoicesFromValues] = AdmissionPolicy(
+        EngineConfig.admission)
+    """what happens to interactive requests late for their first token"""
+    admission_slack: float = EngineConfig.admission_slack
+    """a request is late after waiting this many TTFT targets without a first token"""
+    cotenant: bool = False
+    """lend the memory the engine leaves to the default co-tenant demand
+    (env/traces/cotenant.py) and report the share served"""
+    seed: int = 0
+    """seed of the synthetic trace and of the mixed workload's drops"""
+    step_by_step: bool = False
+    """no closed-form decode stretches (the reference path, slower)"""
+    json: bool = False
+    """print one JSON object"""
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    epilog = "traces: " + "; ".join(f"{k}: {v}" for k, v in TRACE_ALIASES.items())
+    return tyro.cli(Args, args=argv, description=__doc__.splitlines()[0] + "\n\n" + epilog)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.rate_scale != 1.0:
             trace = rate_scale(trace, args.rate_scale)
         config = EngineConfig(fast_path=not args.step_by_step, batch_share=args.batch_share,
-                              admission=args.admission, admission_slack=args.admission_slack,
+                              admission=args.admission.value, admission_slack=args.admission_slack,
                               cotenant=cotenant_demand(seed=args.seed) if args.cotenant else None)
         if args.slo:
             config.slo_classes = parse_slo_classes(args.slo)

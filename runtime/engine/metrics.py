@@ -193,6 +193,7 @@ def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int,
         batch = r.is_batch
         n_batch += batch
         if r.status == Status.FINISHED:
+            assert r.first_token_s is not None and r.finish_s is not None
             finished += 1
             ok = r.meets_slo()
             met += ok
@@ -206,6 +207,7 @@ def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int,
             if r.output_tokens >= 2:
                 tpots.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1))
         elif r.status == Status.REJECTED:
+            assert r.reject_reason is not None
             reasons[r.reject_reason.value] = reasons.get(r.reject_reason.value, 0) + 1
             if r.reject_reason != RejectReason.ABORTED:
                 rejected += 1

@@ -90,6 +90,7 @@ class Request:
         request: finished by its deadline."""
         if self.status != Status.FINISHED:
             return False
+        assert self.finish_s is not None and self.first_token_s is not None  # finished
         if self.is_batch:
             return self.finish_s <= self.deadline_s
         if self.first_token_s - self.arrival_s > self.ttft_target_s:
