@@ -151,6 +151,7 @@ def test_the_admission_policy_can_change_at_run_time_and_applies_to_requests_alr
     e.set_admission("late_to_back", 1.0)
     assert list(e.late) == [b] and list(e.waiting) == [c]
     e.set_admission("shed", 1.0)  # drops the late queue
+    assert (e.admission, e.admission_slack) == ("shed", 1.0)
     assert b.reject_reason == RejectReason.SHED and b.finish_s == e.now
     e.run_to_completion()
     e.check_invariants()

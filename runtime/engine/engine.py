@@ -341,6 +341,16 @@ class Engine:
         self._fcfs = self._policy == AdmissionPolicy.FCFS
         self._slack_events = not self._fcfs and slack != 1.0
 
+    @property
+    def admission(self) -> str:
+        """The admission policy in force (``fcfs``, ``shed`` or ``late_to_back``)."""
+        return self._policy.value
+
+    @property
+    def admission_slack(self) -> float:
+        """The admission slack in force, in TTFT targets."""
+        return self._slack
+
     def set_admission(self, admission: str, slack: float) -> None:
         """Change the admission policy and slack now (see :mod:`runtime.engine.admission`):
         waiting requests already late get the new policy at once (``shed`` also drops those in
