@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import tyro
 
 from agents.controllers.best_static import GRID
-from agents.evaluate import find_capacity
+from agents.arena import find_capacity
 from env.replay import replay
 from env.traces import rate_scale, split
 from env.traces.cotenant import cotenant_demand

@@ -209,6 +209,18 @@ class Engine:
     def has_work(self) -> bool:
         return self.num_unfinished > 0
 
+    def next_event_s(self) -> float:
+        """When an idle engine next has something to do: the next arrival, the expiry of the
+        oldest waiting request's window (now, for a late one), or, with deadline-aware admission
+        or batch work waiting, the next deadline that changes the queues (inf when none is
+        ahead). A wall-clock pacer sleeps until then."""
+        wake = self._next_arrival_s()
+        if self.waiting or self.late:
+            wake = min(wake, self._admission_deadline())
+        if (not self._fcfs or self.waiting_batch) and self._deadlines:
+            wake = min(wake, self._deadlines[0][0])  # a batch request expires, a late one goes
+        return wake
+
     def _next_arrival_s(self) -> float:
         if self._next_pending < len(self._pending):
             return self._pending[self._next_pending].arrival_s
@@ -798,12 +810,8 @@ class Engine:
                 continue
             if self._step():
                 continue
-            # idle: nothing can run until an arrival or a window expires
-            wake = min(t, self._next_arrival_s())
-            if self.waiting:
-                wake = min(wake, self._admission_deadline())
-            if (not self._fcfs or self.waiting_batch) and dl:
-                wake = min(wake, dl[0][0])  # a batch request expires, a late one is dropped
+            # idle: nothing can run until an arrival, a window or a deadline
+            wake = min(t, self.next_event_s())
             if wake <= self.now:  # waiting, but blocked (cannot happen with nothing running)
                 raise RuntimeError(f"engine stalled at t={self.now}: {len(self.waiting)} waiting, "
                                    f"{len(self.running)} running, {self.pool.num_free} free blocks")
