@@ -170,6 +170,8 @@ class RunSummary:
     """prompt + output tokens of batch requests finished by their deadline, per second"""
     batch_unfinished: int = 0
     """batch requests still in flight (waiting or running) at the end: the backlog"""
+    late: int = 0
+    """interactive requests moved behind on-time ones (admission ``late_to_back``)"""
     mean_kv_gib: float = 0.0
     """the KV pool's size, averaged over the run"""
     cotenant_served_share: float = 1.0
@@ -186,10 +188,11 @@ def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int,
     request's are not judged); ``cotenant_gib_s`` is (served, demanded)."""
     ttfts, tpots = [], []
     n = finished = rejected = met = 0
-    n_batch = batch_met = batch_decided = batch_tokens = batch_open = 0
+    n_batch = batch_met = batch_decided = batch_tokens = batch_open = late = 0
     reasons: dict[str, int] = {}
     for r in requests:
         n += 1
+        late += r.is_late
         batch = r.is_batch
         n_batch += batch
         if r.status == Status.FINISHED:
@@ -231,7 +234,7 @@ def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int,
         interactive_attainment=i_met / i_decided if i_decided else 1.0,
         batch_requests=n_batch, batch_met=batch_met,
         batch_goodput_tps=batch_tokens / sim_seconds if sim_seconds > 0 else 0.0,
-        batch_unfinished=batch_open,
+        batch_unfinished=batch_open, late=late,
         mean_kv_gib=kv_gib_s / sim_seconds if sim_seconds > 0 else 0.0,
         cotenant_served_share=served / demanded if demanded > 0 else 1.0,
     )
