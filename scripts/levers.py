@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import tyro
 
-from agents.controllers.best_static import GRID
 from agents.arena import find_capacity
+from agents.controllers.best_static import GRID
 from env.replay import replay
 from env.traces import rate_scale, split
 from env.traces.cotenant import cotenant_demand
