@@ -15,11 +15,13 @@ holding each candidate the whole horizon (attainment gain over best static, same
 azure-code x0.64 +1.66 pt against +0.68, x0.9 +1.28 against +1.36; azure-conv x1.75 +0.19
 against -0.13, x1.99 -0.23 against -0.50.
 
-Score. Over the horizon, SLO-meeting completions minus ``violation_weight`` times violations that
-became certain (the engine's interval counters: a waiting request past its TTFT target counts
-when it passes it, not when it finishes). That is the quantity SLO attainment is made of, counted
-on the horizon's events, so maximising it is maximising attainment over the horizon; requests
-still undecided at the horizon's end count for nothing. Ties (common in calm traffic, when every
+Score. Over the horizon, interactive SLO-meeting completions minus ``violation_weight`` times
+interactive violations that became certain, plus ``batch_token_value`` per token of a batch
+request finished by its deadline, minus ``memory_price`` per GiB of KV pool held on average.
+Violations are counted when they become certain (the engine's interval counters: a waiting
+request past its TTFT target counts when it passes it, not when it finishes), so the interactive
+part is what SLO attainment is made of, counted on the horizon's events; requests still
+undecided at the horizon's end count for nothing. Ties (common in calm traffic, when every
 setting serves everything) keep the current setting if it is among the best, otherwise the
 earliest candidate: the anchor (best static's setting, put first by the arena), so an oracle that
 finds nothing better behaves as best static does.
@@ -45,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.decider.decision import Decision, decided_by
+from runtime.engine.admission import ADMISSION_SLACK_RANGE, AdmissionPolicy
 from runtime.engine.engine import Engine
 from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, Knobs
 
@@ -100,10 +103,38 @@ def _set_max_num_seqs(engine: Engine, value: float) -> None:
         engine.config = dataclasses.replace(engine.config, max_num_seqs=int(value))
 
 
+def _set_batch_share(engine: Engine, value: float) -> None:
+    engine.set_batch_share(value)
+
+
+_ADMISSION_CHOICES = tuple(p.value for p in AdmissionPolicy)
+
+
+def _set_admission(engine: Engine, value: float) -> None:
+    mode = _ADMISSION_CHOICES[int(value)]
+    if mode != engine.admission:
+        engine.set_admission(mode, engine.admission_slack)
+
+
+def _set_admission_slack(engine: Engine, value: float) -> None:
+    if value != engine.admission_slack:
+        engine.set_admission(engine.admission, value)
+
+
 LEVERS: dict[str, Lever] = {
     "max_num_seqs": Lever(
         "max_num_seqs", "the most requests running at once (vLLM's max_num_seqs), requests",
         1, 4096, _set_max_num_seqs, integer=True),
+    "batch_share": Lever(
+        "batch_share", "share of each step's prefill budget and sequence slots batch work may "
+        "take, fraction", 0.0, 1.0, _set_batch_share),
+    "admission": Lever(
+        "admission", "what happens to an interactive request late for its first token",
+        0, len(_ADMISSION_CHOICES) - 1, _set_admission, integer=True,
+        choices=_ADMISSION_CHOICES),
+    "admission_slack": Lever(
+        "admission_slack", "how long a request may wait without a first token before it is "
+        "late, TTFT targets", *ADMISSION_SLACK_RANGE, _set_admission_slack),
 }
 """Levers the oracle can search besides the knobs, by name."""
 
@@ -197,7 +228,13 @@ class OracleConfig:
     candidates: str = DEFAULT_CANDIDATES
     """the grid searched, ``key=v1,v2,...;...`` (see :func:`parse_candidates`)"""
     violation_weight: float = 1.0
-    """score = met - violation_weight * violations over the horizon"""
+    """score = met - violation_weight * violations over the horizon (interactive requests)"""
+    batch_token_value: float = 1e-4
+    """score per token of a batch request finished by its deadline within the horizon (1e-4:
+    10,000 batch tokens are worth one interactive request met)"""
+    memory_price: float = 0.0
+    """score per GiB of KV pool held on average over the horizon (positive when a co-tenant
+    can use what the pool leaves; 0 for a dedicated accelerator)"""
     rollout: bool = True
     """each candidate holds for one period, then the anchor (the base setting) runs to the
     horizon's end, as a rollout algorithm does; False holds each candidate the whole horizon
@@ -217,7 +254,8 @@ class OracleConfig:
 
 def score_setting(engine: Engine, setting: Setting, horizon_s: float,
                   violation_weight: float = 1.0, *, hold_s: float | None = None,
-                  tail: Setting | None = None) -> float:
+                  tail: Setting | None = None, batch_token_value: float = 0.0,
+                  memory_price: float = 0.0) -> float:
     """Fork ``engine``, apply ``setting``, run it ``horizon_s`` ahead and score the horizon:
     met - violation_weight * violations. With ``hold_s`` and ``tail``, ``setting`` holds for
     ``hold_s`` only and ``tail`` runs the rest of the horizon. ``engine`` is left as it was."""
@@ -230,7 +268,9 @@ def score_setting(engine: Engine, setting: Setting, horizon_s: float,
         tail.apply(fork)
     fork.run_until(end)
     iv = fork.collect_interval()
-    return iv.met - violation_weight * iv.violations
+    return (iv.met - iv.batch_met - violation_weight * (iv.violations - iv.batch_violations)
+            + batch_token_value * iv.batch_goodput_tokens
+            - memory_price * iv.kv_gib_s / max(iv.duration_s, 1e-9))
 
 
 @dataclass(frozen=True)
@@ -245,11 +285,13 @@ class Search:
 
 def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
            violation_weight: float = 1.0, current: Setting | None = None,
-           hold_s: float | None = None, tail: Setting | None = None) -> Search:
+           hold_s: float | None = None, tail: Setting | None = None,
+           batch_token_value: float = 0.0, memory_price: float = 0.0) -> Search:
     """Score every candidate on its own fork of ``engine`` (see :func:`score_setting`); keep
     the best (ties: ``current`` if it is among the best, else the earliest)."""
     scores = tuple(score_setting(engine, s, horizon_s, violation_weight, hold_s=hold_s,
-                                 tail=tail) for s in candidates)
+                                 tail=tail, batch_token_value=batch_token_value,
+                                 memory_price=memory_price) for s in candidates)
     top = max(scores)
     best = next(s for s, v in zip(candidates, scores) if v == top)
     if current is not None:
@@ -313,7 +355,9 @@ class LookaheadOracle:
             found = search(self._engine, self.candidates, cfg.horizon_s,
                            violation_weight=cfg.violation_weight, current=self.current,
                            hold_s=self.every * self.interval_s if rollout else None,
-                           tail=self.anchor if rollout else None)
+                           tail=self.anchor if rollout else None,
+                           batch_token_value=cfg.batch_token_value,
+                           memory_price=cfg.memory_price)
             self.last_search = found
             self.current = found.best
             self.searches += 1

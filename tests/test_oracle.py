@@ -134,8 +134,8 @@ def test_candidate_grids_are_every_combination_and_bad_ones_are_refused():
     grid = parse_candidates("window=5,20;chunk=512,1024,2048;ratio=0.9")
     assert len(grid) == 6
     assert grid[1].label() == "window=5 chunk=1024 ratio=0.9"
-    with pytest.raises(ValueError, match="unknown key 'batch_share'"):
-        parse_candidates("chunk=512;batch_share=0.5")
+    with pytest.raises(ValueError, match="unknown key 'warp_factor'"):
+        parse_candidates("chunk=512;warp_factor=0.5")
     with pytest.raises(ValueError, match="max_num_seqs=0 is outside its range"):
         parse_candidates("max_num_seqs=0,8")
     with pytest.raises(ValueError, match="prefill_chunk_tokens=100 is not a multiple"):
@@ -247,3 +247,53 @@ def test_a_rollout_holds_the_candidate_one_period_then_runs_the_tail_setting():
     assert score_setting(e, small, 4.0) == -1.0
     assert score_setting(e, small, 4.0, hold_s=0.25, tail=large) == 1.0
     assert score_setting(e, large, 4.0, hold_s=0.25, tail=small) == -1.0
+
+
+def _mixed_engine(**config) -> Engine:
+    e = make_engine(hand_profile(blocks_at_half=60, prefill_token_s=1e-4,
+                                 decode_ctx_token_s=1e-6), chunk=256, **config)
+    arrivals, prompts, outputs = random_workload(3, 400, rate=40)
+    classes = ["batch" if i % 3 == 0 else "interactive" for i in range(len(arrivals))]
+    e.add_requests(arrivals, prompts, outputs, classes)
+    return e
+
+
+def test_a_fork_of_an_engine_with_every_lever_runs_exactly_as_the_original_would():
+    e = _mixed_engine(admission="shed", admission_slack=0.8, batch_share=0.5)
+    t = 0.0
+    while t < 3.0:
+        t += 0.25
+        e.run_until(t)
+        e.collect_interval()
+    f = e.fork(5.0)
+    for x in (e, f):
+        x.run_until(t + 5.0)
+    ids = {r.req_id for r in f.requests}
+    # times agree to rounding: the original's heap keeps stale deadlines of finished requests,
+    # which split its closed-form decode stretches at other points than the fork's
+    got, want = _outcomes(f, ids), _outcomes(e, ids)
+    assert {i: (o[0], o[3]) for i, o in got.items()} == {i: (o[0], o[3]) for i, o in want.items()}
+    for i in ids:
+        for a, b in zip(got[i][1:3], want[i][1:3]):
+            assert (a is None and b is None) or a == pytest.approx(b, rel=1e-12)
+    iv_e, iv_f = e.collect_interval(), f.collect_interval()
+    assert (iv_f.shed, iv_f.batch_met, iv_f.met, iv_f.violations) == (
+        iv_e.shed, iv_e.batch_met, iv_e.met, iv_e.violations)
+    f.check_invariants()
+
+
+def test_the_admission_lever_is_set_on_the_forks_only_and_shows_by_name():
+    e = _mixed_engine()
+    e.run_until(2.0)
+    candidates = parse_candidates("chunk=256;ratio=0.5;admission=fcfs,shed;admission_slack=0.8")
+    assert [c.label() for c in candidates] == [
+        "window=5 chunk=256 ratio=0.5 admission=fcfs admission_slack=0.8",
+        "window=5 chunk=256 ratio=0.5 admission=shed admission_slack=0.8"]
+    f = e.fork(1.0)
+    candidates[1].apply(f)
+    assert (f.admission, f.admission_slack) == ("shed", 0.8)
+    search(e, candidates, 2.0)
+    assert (e.admission, e.admission_slack) == ("fcfs", 1.0)
+    with pytest.raises(ValueError, match="admission='drop' is not one of fcfs, shed, "
+                                         "late_to_back"):
+        parse_candidates("admission=drop")
