@@ -42,6 +42,7 @@ class WallClockExecutor:
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
         self.memory = inner.memory
+        self.max_model_len = inner.max_model_len
         self._engine: Engine | None = None
         self._t0 = 0.0
         self.lag_s = 0.0

@@ -44,7 +44,7 @@ from runtime.engine.profiling import (  # noqa: E402
     measure,
     nnls,
 )
-from runtime.engine.torch_executor import DEFAULT_BUDGET_GIB, TorchExecutor  # noqa: E402
+from runtime.engine.torch_executor import TorchExecutor, default_budget_gib  # noqa: E402
 from runtime.engine.torch_model import SHAPES, LlamaConfig  # noqa: E402
 
 MIB = 1024 ** 2
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     steady_allocator()
     cfg: LlamaConfig = SHAPES[args.shape]
-    budget_gib = args.budget_gib if args.budget_gib is not None else DEFAULT_BUDGET_GIB[args.shape]
+    budget_gib = args.budget_gib if args.budget_gib is not None else default_budget_gib(args.shape)
     repeats = (args.repeats if args.repeats is not None else 3 if args.quick
                else 15 if args.device == "cpu" else 7)
     t_start = time.perf_counter()

@@ -66,7 +66,10 @@ def cache_key(trace_spec: str, part: str, scales: Sequence[float], profile: Prof
               config: EngineConfig, grid: dict[str, tuple]) -> str:
     desc = {"trace": trace_label(trace_spec), "split": part, "scales": list(scales),
             "profile": profile.to_json(),
-            "slo": {k: asdict(v) for k, v in config.slo_classes.items()},
+            # (a zero prompt allowance is left out, so keys from before it existed still hold)
+            "slo": {k: {f: x for f, x in asdict(v).items()
+                        if f != "ttft_per_prompt_token_s" or x}
+                    for k, v in config.slo_classes.items()},
             "default_slo_class": config.default_slo_class, "grid": grid}
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:12]
 

@@ -67,8 +67,17 @@ MAX_SLABS = 8
 and a resize reallocates at most one slab's worth"""
 
 
-DEFAULT_BUDGET_GIB = {"tiny": 0.25, "llama2-7b": 40.0}
-"""the memory budget of each named shape: the CPU test fixture, and DESIGN.md's H200 setting"""
+CPU_BUDGET_GIB = 0.25
+"""the memory budget of the CPU shapes (``tiny`` and the scaled-down ``-cpu`` ones)"""
+FULL_BUDGET_GIB = 40.0
+"""the memory budget of the full-size shapes: DESIGN.md's H200 setting"""
+
+
+def default_budget_gib(shape: str) -> float:
+    """The memory budget a named shape gets unless one is given."""
+    from runtime.engine.torch_model import CPU_SUFFIX
+
+    return CPU_BUDGET_GIB if shape == "tiny" or shape.endswith(CPU_SUFFIX) else FULL_BUDGET_GIB
 
 
 def default_device() -> torch.device:
@@ -129,6 +138,7 @@ class TorchExecutor:
         on_cuda = self.device.type == "cuda"
         self.dtype = dtype if dtype is not None else (torch.bfloat16 if on_cuda else torch.float32)
         self.cfg = model_config
+        self.max_model_len = model_config.max_position
         self.block_size = block_size
         self.keep_logits = keep_logits
         self.max_num_seqs = max_num_seqs
@@ -189,12 +199,14 @@ class TorchExecutor:
     @classmethod
     def for_shape(cls, shape: str, device: str | None = None, budget_gib: float | None = None,
                   **kw) -> TorchExecutor:
-        """An executor for a named shape (``tiny`` or ``llama2-7b``) with its default budget
-        (0.25 GiB for tiny, 40 GiB for llama2-7b); other keywords go to the constructor."""
+        """An executor for a named shape (``tiny``, a catalogue model such as ``llama3.1-8b``, or
+        its scaled-down ``llama3.1-8b-cpu``) with its default budget (0.25 GiB for the CPU
+        shapes, 40 GiB for the full ones); other keywords go to the constructor. One device:
+        a model larger than one accelerator is not split (the roofline prices tensor parallel)."""
         from runtime.engine.torch_model import SHAPES
         if shape not in SHAPES:
             raise ValueError(f"unknown shape {shape!r} (known: {sorted(SHAPES)})")
-        gib = budget_gib if budget_gib is not None else DEFAULT_BUDGET_GIB[shape]
+        gib = budget_gib if budget_gib is not None else default_budget_gib(shape)
         return cls(SHAPES[shape], budget_bytes=int(gib * 1024 ** 3), device=device, **kw)
 
     # ------------------------------------------------------------------ memory

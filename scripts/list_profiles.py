@@ -1,0 +1,60 @@
+"""List executor profiles with their key figures: every catalogue model on every accelerator
+(derived, at ``--memory-gib`` per accelerator) and the profile files in checkpoints/profiles.
+
+    python scripts/list_profiles.py                  # markdown table
+    python scripts/list_profiles.py --memory-gib 60 --model llama3.1-8b --json
+
+Figures: KV bytes per token; KV blocks (16 tokens) at ratio 0.4, 0.9 and 0.95; a decode step
+at batch 1 and at batch 64 with 4,096 tokens of context each; prefill per token; the context
+(max_model_len); and where the figures come from (derived or measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from runtime.engine.profile import PROFILE_DIR, Profile
+from runtime.engine.roofline import ACCELERATORS, MODELS, derive
+
+
+def profiles(memory_gib: float, models: list[str], accelerators: list[str]) -> list[Profile]:
+    out = []
+    for model in models:
+        for accel in accelerators:
+            try:
+                out.append(derive(model, accel, memory_gib))
+            except ValueError as e:  # e.g. 70B weights that do not fit the budget
+                print(f"skipped {model} on {accel}: {e}")
+    return out + [Profile.load(p) for p in sorted(PROFILE_DIR.glob("*.json"))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--memory-gib", type=float, default=40.0,
+                    help="memory per accelerator of the derived profiles (default 40 GiB)")
+    ap.add_argument("--model", action="append", choices=list(MODELS),
+                    help="only these models (repeatable; default all)")
+    ap.add_argument("--accelerator", action="append", choices=list(ACCELERATORS),
+                    help="only these accelerators (repeatable; default all)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per profile")
+    args = ap.parse_args()
+    rows = [p.key_figures() for p in profiles(args.memory_gib, args.model or list(MODELS),
+                                              args.accelerator or list(ACCELERATORS))]
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+        return
+    print("| profile | context | KV KiB/token | KV blocks 0.4 / 0.9 / 0.95 | decode b=1 ms | "
+          "decode b=64 ms | prefill us/token | source |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        b = r["kv_blocks"]
+        print(f"| {r['name']} | {r['max_model_len']:,} | {r['kv_bytes_per_token'] / 1024:g} | "
+              f"{b[0.4]:,} / {b[0.9]:,} / {b[0.95]:,} | {r['decode_step_ms_b1']:.2f} | "
+              f"{r['decode_step_ms_b64']:.2f} | {r['prefill_us_per_token']:.2f} | "
+              f"{r['source']} |")
+
+
+if __name__ == "__main__":
+    main()
