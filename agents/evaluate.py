@@ -36,6 +36,8 @@ from runtime.engine.engine import EngineConfig
 from runtime.engine.executor import GIB
 from runtime.engine.metrics import burst_onsets, recovery_times
 from runtime.engine.profile import Profile
+from runtime.engine.roofline import ProfileChoice
+from runtime.engine.slo import SLO_PRESETS, slo_classes_from_arg
 from runtime.knobs import DEFAULT_KNOBS
 
 BASELINES = ("static", "best-static", "pid", "aimd", "heuristic")
@@ -398,7 +400,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated: {', '.join(BASELINES)}, policy:PATH")
     ap.add_argument("--rate-scales", default="1,2,4,8")
     ap.add_argument("--interval-s", type=float, default=0.25)
-    ap.add_argument("--profile", default=None, help="executor profile (default: roofline H200)")
+    ProfileChoice.add_arguments(ap)
+    ap.add_argument("--slo", default=None,
+                    help="SLO classes: a preset (" + ", ".join(SLO_PRESETS) + ") or "
+                         "name:ttft_s:tpot_s[:ttft_per_prompt_token_s],... (default: default)")
     ap.add_argument("--no-capacity", action="store_true", help="skip the capacity bisection")
     ap.add_argument("--match-static", type=float, default=None, metavar="SHARE",
                     help="also run every controller at the load where the static default "
@@ -414,7 +419,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--rate-scales must be positive numbers, got {args.rate_scales!r}")
         controllers = [c.strip() for c in args.controllers.split(",") if c.strip()]
         traces = [t.strip() for t in args.trace.split(",") if t.strip()]
-        spec = EvalSpec(traces[0], args.split, args.profile, args.interval_s)
+        profile_spec = ProfileChoice.from_args(args).spec()
+        config = EngineConfig()
+        if args.slo:
+            config.slo_classes = slo_classes_from_arg(args.slo)
+            config.default_slo_class = next(iter(config.slo_classes))
+        spec = EvalSpec(traces[0], args.split, profile_spec, args.interval_s, config)
         for c in controllers:
             if c != "best-static":
                 make_controller(c, spec)  # fail fast on a bad name or policy file
@@ -422,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"evaluate: {e}", file=sys.stderr)
         return 2
     result = evaluate(traces, controllers, scales, part=args.split, interval_s=args.interval_s,
-                      profile_path=args.profile, capacity=not args.no_capacity,
+                      profile_path=profile_spec, config=config,
+                      capacity=not args.no_capacity,
                       workers=args.workers, progress=not args.json,
                       match_static=args.match_static)
     plots = plot(result["rows"], args.out)

@@ -19,8 +19,9 @@ from env.replay import replay
 from env.traces import rate_scale, split
 from env.traces.resolve import TRACE_ALIASES, resolve_trace
 from runtime.engine.engine import EngineConfig
-from runtime.engine.profile import DEFAULT_PROFILE_PATH, Profile
-from runtime.engine.slo import DEFAULT_SLO_CLASSES, parse_slo_classes
+from runtime.engine.profile import Profile
+from runtime.engine.roofline import ProfileChoice
+from runtime.engine.slo import DEFAULT_SLO_CLASSES, SLO_PRESETS, slo_classes_from_arg
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 
 
@@ -37,10 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--window-ms", type=float, default=DEFAULT_KNOBS.batch_window_ms)
     ap.add_argument("--chunk", type=int, default=DEFAULT_KNOBS.prefill_chunk_tokens)
     ap.add_argument("--kv-ratio", type=float, default=DEFAULT_KNOBS.kv_cache_ratio)
-    ap.add_argument("--profile", default=str(DEFAULT_PROFILE_PATH),
-                    help="executor profile (default: the roofline H200 Llama-2-7B profile)")
+    ProfileChoice.add_arguments(ap)
     ap.add_argument("--slo", default=None,
-                    help="SLO classes as name:ttft_s:tpot_s,... (default: "
+                    help="SLO classes: a preset (" + ", ".join(SLO_PRESETS) + ") or "
+                         "name:ttft_s:tpot_s[:ttft_per_prompt_token_s],... (default: "
                          + ",".join(f"{k}:{v.ttft_s:g}:{v.tpot_s:g}"
                                     for k, v in DEFAULT_SLO_CLASSES.items()) + ")")
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace")
@@ -59,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             trace = rate_scale(trace, args.rate_scale)
         config = EngineConfig(fast_path=not args.step_by_step)
         if args.slo:
-            config.slo_classes = parse_slo_classes(args.slo)
+            config.slo_classes = slo_classes_from_arg(args.slo)
             config.default_slo_class = next(iter(config.slo_classes))
-        profile = Profile.load(args.profile)
+        profile = Profile.load(ProfileChoice.from_args(args).spec())
     except (ValueError, FileNotFoundError) as e:
         print(f"replay: {e}", file=sys.stderr)
         return 2

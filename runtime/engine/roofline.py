@@ -97,6 +97,9 @@ MODELS: dict[str, ModelShape] = {
     "qwen2.5-7b": ModelShape("Qwen2.5-7B", 28, 3584, 28, 4, 18944, 152064, 7.62e9, 32768, 1e6),
     # Llama-3.1-70B: 80 layers, GQA with 8 KV heads, 128k context; 141 GB of bf16 weights, so
     # it is split over several accelerators (tensor parallel, 4 by default).
+    # Llama-2-70B: 80 layers, GQA with 8 KV heads, 4k context (TensorRT-LLM's "LLaMA 70B").
+    "llama2-70b": ModelShape("Llama-2-70B", 80, 8192, 64, 8, 28672, 32000, 68.98e9, 4096, 1e4,
+                             default_tp=4),
     "llama3.1-70b": ModelShape("Llama-3.1-70B", 80, 8192, 64, 8, 28672, 128256, 70.6e9, 131072,
                                5e5, default_tp=4),
 }
@@ -241,6 +244,7 @@ def derive(model: str, accelerator: str, memory_gib: float, tp: int | None = Non
     }
     if tp > 1:
         derivation.update(
+            comm_token_s=comm_token_s, comm_fixed_s=comm_fixed_s,
             tensor_parallel=f"bandwidth, FLOPs and memory are tp={tp} times one accelerator's; "
                             "2 all-reduces per layer add 2 * layers * latency to const_s and "
                             "2 * layers * 2 (tp-1)/tp * hidden * 2 bytes / (link * allreduce) "

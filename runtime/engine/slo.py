@@ -70,3 +70,15 @@ def parse_slo_classes(text: str) -> dict[str, SloTarget]:
     if not classes:
         raise ValueError("no SLO class given")
     return classes
+
+
+SLO_PRESETS: dict[str, dict[str, SloTarget]] = {"default": DEFAULT_SLO_CLASSES,
+                                                "long-context": LONG_CONTEXT_SLO_CLASSES}
+"""named sets of classes a command line may give instead of a list"""
+
+
+def slo_classes_from_arg(text: str) -> dict[str, SloTarget]:
+    """A preset of :data:`SLO_PRESETS` by name, or a list for :func:`parse_slo_classes`; the
+    first class is the one requests without a class get."""
+    preset = SLO_PRESETS.get(text.strip())
+    return dict(preset) if preset is not None else parse_slo_classes(text)

@@ -129,6 +129,8 @@ CPU_SUFFIX = "-cpu"
 """a shape's name with this suffix is its scaled-down CPU version"""
 CPU_HEAD_DIM = 8
 """head width of the scaled-down shapes"""
+CPU_CONTEXT = 4096
+"""context of the scaled-down shapes (a prefill gathers one layer's KV for all of it)"""
 
 
 def shape_config(shape: ModelShape, key: str) -> LlamaConfig:
@@ -141,14 +143,15 @@ def shape_config(shape: ModelShape, key: str) -> LlamaConfig:
 
 def scaled_down_config(shape: ModelShape, key: str) -> LlamaConfig:
     """A CPU-sized decoder with the same attention layout as a catalogue shape: the same query
-    and KV heads (so the same GQA grouping), rotary base and context, with heads of
-    :data:`CPU_HEAD_DIM`, two layers, the same MLP-to-hidden ratio and a 512-token vocabulary."""
+    and KV heads (so the same GQA grouping) and rotary base, with heads of
+    :data:`CPU_HEAD_DIM`, two layers, the same MLP-to-hidden ratio, a 512-token vocabulary and
+    a :data:`CPU_CONTEXT`-token context."""
     hidden = shape.heads * CPU_HEAD_DIM
     return LlamaConfig(vocab_size=512, hidden_size=hidden,
                        intermediate_size=round(hidden * shape.intermediate / shape.hidden),
                        num_layers=2, num_heads=shape.heads, num_kv_heads=shape.kv_heads,
-                       rope_theta=shape.rope_theta, max_position=shape.max_model_len,
-                       name=key + CPU_SUFFIX)
+                       rope_theta=shape.rope_theta,
+                       max_position=min(CPU_CONTEXT, shape.max_model_len), name=key + CPU_SUFFIX)
 
 
 SHAPES: dict[str, LlamaConfig] = {
