@@ -19,7 +19,6 @@ from runtime.engine.roofline import (
     ProfileChoice,
     derive,
     parse_profile_name,
-    profile_name,
 )
 from runtime.engine.sim_executor import SimulatedExecutor
 from runtime.knobs import Knobs

@@ -38,8 +38,8 @@ launches and reads the KV about twice; the profile measures what this executor d
 
 from __future__ import annotations
 
-import itertools
 import dataclasses
+import itertools
 import math
 import operator
 import time
