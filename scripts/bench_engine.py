@@ -1,6 +1,11 @@
 """Engine speed and the default profile's sanity, measured side by side in one run.
 
     python scripts/bench_engine.py [--json] [--traces azure-conv,azure-code] [--scales 1,2,4,8]
+    python scripts/bench_engine.py --traces azure-conv --scales 1 --no-capacity \
+        --profiles h200-llama2-7b-40gib-roofline,h100-llama3.1-8b-40gib-roofline
+
+``--profiles`` (files or names, comma-separated) measures several profiles side by side in one
+run, interleaved replay by replay (the machine is noisy).
 
 1. Speed: simulated seconds per wall second of whole-trace replays at each rate scale (static
    default knobs, default profile), with the closed-form decode stretches and, at rate scale 1,
@@ -85,12 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default="azure-conv,azure-code")
     ap.add_argument("--scales", default="1,2,4,8")
-    ap.add_argument("--profile", default=None)
+    ap.add_argument("--profiles", default=None,
+                    help="comma-separated profile files or names (default: the shipped one)")
+    ap.add_argument("--no-capacity", action="store_true", help="speed only")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    profile = Profile.load(args.profile)
+    profiles = [Profile.load(p) for p in (args.profiles.split(",") if args.profiles
+                                          else [None])]
+    profile = profiles[0]
     scales = [float(x) for x in args.scales.split(",")]
-    out: dict = {"profile": profile.name, "speed": [], "capacity_90_static": []}
+    out: dict = {"profile": ",".join(p.name for p in profiles), "speed": [],
+                 "capacity_90_static": []}
     for label in args.traces.split(","):
         try:
             trace = resolve_trace(label)
@@ -98,9 +108,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_engine: skipping {label}: {e}", file=sys.stderr)
             continue
         for i, scale in enumerate(scales):
-            out["speed"].append(speed_row(trace, label, scale, profile))
-            if i == 0:
-                out["speed"].append(speed_row(trace, label, scale, profile, fast=False))
+            for p in profiles:
+                out["speed"].append({**speed_row(trace, label, scale, p), "profile": p.name})
+                if i == 0:
+                    out["speed"].append({**speed_row(trace, label, scale, p, fast=False),
+                                         "profile": p.name})
+        if args.no_capacity:
+            continue
         known: dict[float, float] = {}
 
         def attainment(s: float, trace=trace) -> float:
@@ -113,21 +127,23 @@ def main(argv: list[str] | None = None) -> int:
                                           "bisection_seconds": time.perf_counter() - t0,
                                           **{f"at_{k}": v for k, v in
                                              limits_at(trace, cap, profile).items()}})
-    base = {(r["trace"], r["rate_scale"]): r for r in out["speed"] if r["path"] == "step"}
+    base = {(r["trace"], r["rate_scale"], r["profile"]): r for r in out["speed"]
+            if r["path"] == "step"}
     for r in out["speed"]:
-        b = base.get((r["trace"], r["rate_scale"]))
+        b = base.get((r["trace"], r["rate_scale"], r["profile"]))
         if b and r["path"] == "closed-form":
             r["speedup_vs_step"] = b["wall_seconds"] and b["wall_seconds"] / r["wall_seconds"]
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"profile {profile.name}\n")
-    print("| trace | rate x | path | requests | simulated s | wall s | sim s / wall s | "
+    print(f"profile {out['profile']}\n")
+    print("| profile | trace | rate x | path | requests | simulated s | wall s | sim s / wall s | "
           "us / iteration | vs step | SLO att. |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in out["speed"]:
         vs = f"{r['speedup_vs_step']:.1f}x" if "speedup_vs_step" in r else ""
-        print(f"| {r['trace']} | {r['rate_scale']:g} | {r['path']} | {r['requests']} | "
+        print(f"| {r['profile']} | {r['trace']} | {r['rate_scale']:g} | {r['path']} | "
+              f"{r['requests']} | "
               f"{r['sim_seconds']:.0f} | {r['wall_seconds']:.2f} | {r['speedup']:.0f} | "
               f"{r['us_per_iteration']:.2f} | {vs} | {r['slo_attainment']:.1%} |")
     print("\nStatic default at 90% attainment:")

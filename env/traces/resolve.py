@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from env.traces.load import load_trace
-from env.traces.locations import azure_trace_path
+from env.traces.locations import azure_trace_path, mooncake_trace_path
 from env.traces.synthetic import default_trace
 from env.traces.trace import Trace
 from env.traces.transforms import spread_quantised
@@ -12,6 +12,7 @@ TRACE_ALIASES = {
     "synthetic": "the embedded default (a synthetic stand-in for the Azure conversation trace)",
     "azure-conv": "the Azure LLM inference 2023 conversation trace (../shared/traces)",
     "azure-code": "the Azure LLM inference 2023 code trace (../shared/traces)",
+    "mooncake": "Mooncake's synthetic long-context trace, FAST 2025 (../shared/traces)",
 }
 
 
@@ -29,6 +30,8 @@ def resolve_trace(spec: str, *, seed: int = 0, spread: bool = True) -> Trace:
         return default_trace(seed=seed)
     if spec in ("azure-conv", "azure-code"):
         trace = load_trace(azure_trace_path(spec.split("-", 1)[1]))
+    elif spec == "mooncake":
+        trace = load_trace(mooncake_trace_path())
     else:
         trace = load_trace(spec)
     return spread_quantised(trace, seed) if spread else trace
