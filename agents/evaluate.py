@@ -54,6 +54,9 @@ class EvalSpec:
     profile_path: str | None
     interval_s: float
     config: EngineConfig = field(default_factory=EngineConfig)
+    tuning_scales: tuple[float, ...] | None = None
+    """the rate scales best-static is tuned at (default: its TUNING_SCALES, around the trace's
+    own rate; a trace far past one accelerator's capacity needs lower ones)"""
 
 
 def make_controller(name: str, spec: EvalSpec) -> Controller:
@@ -64,8 +67,9 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
     if name == "best-static":
         from agents.controllers.best_static import BestStaticController, best_static_knobs
 
+        scales = {} if spec.tuning_scales is None else {"scales": spec.tuning_scales}
         knobs = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
-                                  config=spec.config)
+                                  config=spec.config, **scales)
         return BestStaticController(knobs)
     if name == "pid":
         return PidController()
@@ -334,7 +338,8 @@ def _progress(results, total: int, what: str, t0: float, show: bool):
 def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence[float], *,
              part: str = "eval", interval_s: float = 0.25, profile_path: str | None = None,
              config: EngineConfig | None = None, capacity: bool = True, workers: int = 2,
-             progress: bool = True, match_static: float | None = None) -> dict:
+             progress: bool = True, match_static: float | None = None,
+             tuning_scales: tuple[float, ...] | None = None) -> dict:
     """Run the arena; returns ``{"rows": [...], "capacity": [...], "static_match": [...]}``.
 
     :param match_static: also find, per trace, the rate scale at which the static default
@@ -342,7 +347,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
         ``"matched_static": True``
     """
     config = config or EngineConfig()
-    specs = {t: EvalSpec(t, part, profile_path, interval_s, config) for t in traces}
+    specs = {t: EvalSpec(t, part, profile_path, interval_s, config, tuning_scales)
+             for t in traces}
     for t in traces:  # resolve names and warm the best-static cache before fanning out
         resolve_trace(t)
         if "best-static" in controllers:
@@ -404,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slo", default=None,
                     help="SLO classes: a preset (" + ", ".join(SLO_PRESETS) + ") or "
                          "name:ttft_s:tpot_s[:ttft_per_prompt_token_s],... (default: default)")
+    ap.add_argument("--tuning-scales", default=None,
+                    help="comma-separated rate scales best-static is tuned at (default "
+                         "0.5,0.75,1,1.5,2)")
     ap.add_argument("--no-capacity", action="store_true", help="skip the capacity bisection")
     ap.add_argument("--match-static", type=float, default=None, metavar="SHARE",
                     help="also run every controller at the load where the static default "
@@ -424,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.slo:
             config.slo_classes = slo_classes_from_arg(args.slo)
             config.default_slo_class = next(iter(config.slo_classes))
-        spec = EvalSpec(traces[0], args.split, profile_spec, args.interval_s, config)
+        tuning = (tuple(float(x) for x in args.tuning_scales.split(",") if x.strip())
+                  if args.tuning_scales else None)
+        spec = EvalSpec(traces[0], args.split, profile_spec, args.interval_s, config, tuning)
         for c in controllers:
             if c != "best-static":
                 make_controller(c, spec)  # fail fast on a bad name or policy file
@@ -435,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                       profile_path=profile_spec, config=config,
                       capacity=not args.no_capacity,
                       workers=args.workers, progress=not args.json,
-                      match_static=args.match_static)
+                      match_static=args.match_static, tuning_scales=tuning)
     plots = plot(result["rows"], args.out)
     for r in result["rows"]:
         r.pop("timeline", None)
