@@ -1,11 +1,11 @@
 """Engine speed and the default profile's sanity, measured side by side in one run.
 
-    python scripts/bench_engine.py [--json] [--traces azure-conv,azure-code] [--scales 1,2,4,8]
+    python scripts/bench_engine.py [--json] [--traces azure-conv,azure-code] [--scales 1 2 4 8]
     python scripts/bench_engine.py --traces azure-conv --scales 1 --no-capacity \
-        --profiles h200-llama2-7b-40gib-roofline,h100-llama3.1-8b-40gib-roofline
+        --profiles h200-llama2-7b-40gib-roofline h100-llama3.1-8b-40gib-roofline
 
-``--profiles`` (files or names, comma-separated) measures several profiles side by side in one
-run, interleaved replay by replay (the machine is noisy).
+``--profiles`` (files or names) measures several profiles side by side in one run, interleaved
+replay by replay (the machine is noisy).
 
 1. Speed: simulated seconds per wall second of whole-trace replays at each rate scale (static
    default knobs, default profile), with the closed-form decode stretches and, at rate scale 1,
@@ -18,12 +18,13 @@ run, interleaved replay by replay (the machine is noisy).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
+import tyro
 
 from agents.evaluate import find_capacity
 from env.replay import replay
@@ -86,19 +87,25 @@ def limits_at(trace, scale: float, profile: Profile) -> dict:
             "ttft_p99_s": s.ttft_p99_s, "tpot_p99_s": s.tpot_p99_s}
 
 
+@dataclass
+class Args:
+    traces: str = "azure-conv,azure-code"
+    """traces to replay, comma-separated"""
+    scales: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
+    """rate scales to replay each trace at"""
+    profiles: tuple[str, ...] = ()
+    """executor profiles, files or names, measured side by side (default: the shipped one)"""
+    capacity: bool = True
+    """find the static default's 90% capacity too (--no-capacity: speed only)"""
+    json: bool = False
+    """print one JSON object"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", default="azure-conv,azure-code")
-    ap.add_argument("--scales", default="1,2,4,8")
-    ap.add_argument("--profiles", default=None,
-                    help="comma-separated profile files or names (default: the shipped one)")
-    ap.add_argument("--no-capacity", action="store_true", help="speed only")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    profiles = [Profile.load(p) for p in (args.profiles.split(",") if args.profiles
-                                          else [None])]
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
+    profiles = [Profile.load(p) for p in (args.profiles or (None,))]
     profile = profiles[0]
-    scales = [float(x) for x in args.scales.split(",")]
+    scales = list(args.scales)
     out: dict = {"profile": ",".join(p.name for p in profiles), "speed": [],
                  "capacity_90_static": []}
     for label in args.traces.split(","):
@@ -113,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 if i == 0:
                     out["speed"].append({**speed_row(trace, label, scale, p, fast=False),
                                          "profile": p.name})
-        if args.no_capacity:
+        if not args.capacity:
             continue
         known: dict[float, float] = {}
 

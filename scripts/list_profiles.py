@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from runtime.engine.profile import PROFILE_DIR, Profile
+from runtime.engine.profile import Profile
 from runtime.engine.roofline import ACCELERATORS, MODELS, derive
+from runtime.locations import profiles_dir
 
 
 def profiles(memory_gib: float, models: list[str], accelerators: list[str]) -> list[Profile]:
@@ -26,7 +27,7 @@ def profiles(memory_gib: float, models: list[str], accelerators: list[str]) -> l
                 out.append(derive(model, accel, memory_gib))
             except ValueError as e:  # e.g. 70B weights that do not fit the budget
                 print(f"skipped {model} on {accel}: {e}")
-    return out + [Profile.load(p) for p in sorted(PROFILE_DIR.glob("*.json"))]
+    return out + [Profile.load(p) for p in sorted(profiles_dir().glob("*.json"))]
 
 
 def main() -> None:

@@ -14,29 +14,49 @@ best-static grids were made with it.
 
 from __future__ import annotations
 
-import argparse
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+import tyro
 
 from runtime.engine.roofline import ACCELERATORS, MODELS, derive
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--accelerator", default="h100", choices=list(ACCELERATORS))
-    ap.add_argument("--model", default="llama3.1-8b", choices=list(MODELS))
-    ap.add_argument("--memory-gib", type=float, default=40.0,
-                    help="memory the engine may use on each accelerator (default 40 GiB)")
-    ap.add_argument("--tp", type=int, default=None,
-                    help="tensor-parallel degree (default: the model's own, 4 for 70B)")
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
-    profile = derive(args.model, args.accelerator, args.memory_gib, args.tp)
+@dataclass
+class Args:
+    out: Path
+    """the profile file to write"""
+    model: str = "llama3.1-8b"
+    """model shape, a key of runtime.engine.roofline.MODELS"""
+    accelerator: str = "h100"
+    """accelerator, a key of runtime.engine.roofline.ACCELERATORS"""
+    memory_gib: float = 40.0
+    """memory the engine may use on each accelerator, GiB"""
+    tp: int | None = None
+    """tensor-parallel degree (default: the model's own, 4 for the 70B models)"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
+    for flag, value, known in (("--accelerator", args.accelerator, ACCELERATORS),
+                               ("--model", args.model, MODELS)):
+        if value not in known:
+            print(f"make_roofline_profile: {flag} must be one of {', '.join(known)}, "
+                  f"got {value!r}", file=sys.stderr)
+            return 2
+    try:
+        profile = derive(args.model, args.accelerator, args.memory_gib, args.tp)
+    except ValueError as e:
+        print(f"make_roofline_profile: {e}", file=sys.stderr)
+        return 2
     profile.save(args.out)
     f = profile.key_figures()
     print(f"wrote {args.out}: {f['kv_blocks'][0.9]} KV blocks at ratio 0.9, decode step "
           f"{f['decode_step_ms_b1']:.2f} ms at batch 1 with 4k context, prefill "
           f"{f['prefill_us_per_token']:.1f} us/token")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

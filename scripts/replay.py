@@ -3,6 +3,8 @@
     python scripts/replay.py --trace synthetic
     python scripts/replay.py --trace azure-conv --rate-scale 2 --window-ms 10 --chunk 2048 \\
         --kv-ratio 0.9 --json
+    python scripts/replay.py --trace mooncake --model llama3.1-8b --accelerator h100 \\
+        --memory-gib 40 --slo long-context
 
 ``--trace`` takes ``synthetic`` (the embedded default), ``azure-conv``, ``azure-code`` (read
 from ../shared/traces or $BATCHPILOT_TRACES_DIR) or the path of a trace file (Azure CSV,
@@ -11,9 +13,12 @@ Mooncake JSONL, BurstGPT CSV or a plain ``arrival_s,prompt_tokens,output_tokens`
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
+from typing import Literal
+
+import tyro
 
 from env.replay import replay
 from env.traces import rate_scale, split
@@ -21,34 +26,38 @@ from env.traces.resolve import TRACE_ALIASES, resolve_trace
 from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.engine.roofline import ProfileChoice
-from runtime.engine.slo import DEFAULT_SLO_CLASSES, SLO_PRESETS, slo_classes_from_arg
+from runtime.engine.slo import slo_classes_from_arg
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(f"  {k}: {v}" for k, v in TRACE_ALIASES.items()))
-    ap.add_argument("--trace", default="synthetic",
-                    help="synthetic | azure-conv | azure-code | PATH (default: synthetic)")
-    ap.add_argument("--split", choices=("train", "eval", "all"), default="all",
-                    help="the first 40 minutes (train), the rest (eval), or all (default)")
-    ap.add_argument("--rate-scale", type=float, default=1.0,
-                    help="compress time by this factor (2 = twice the request rate)")
-    ap.add_argument("--window-ms", type=float, default=DEFAULT_KNOBS.batch_window_ms)
-    ap.add_argument("--chunk", type=int, default=DEFAULT_KNOBS.prefill_chunk_tokens)
-    ap.add_argument("--kv-ratio", type=float, default=DEFAULT_KNOBS.kv_cache_ratio)
-    ProfileChoice.add_arguments(ap)
-    ap.add_argument("--slo", default=None,
-                    help="SLO classes: a preset (" + ", ".join(SLO_PRESETS) + ") or "
-                         "name:ttft_s:tpot_s[:ttft_per_prompt_token_s],... (default: "
-                         + ",".join(f"{k}:{v.ttft_s:g}:{v.tpot_s:g}"
-                                    for k, v in DEFAULT_SLO_CLASSES.items()) + ")")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace")
-    ap.add_argument("--step-by-step", action="store_true",
-                    help="no closed-form decode stretches (the reference path, slower)")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    return ap.parse_args(argv)
+@dataclass
+class Args(ProfileChoice):
+    trace: str = "synthetic"
+    """synthetic | azure-conv | azure-code | PATH"""
+    split: Literal["train", "eval", "all"] = "all"
+    """the first 40 minutes (train), the rest (eval), or all"""
+    rate_scale: float = 1.0
+    """compress time by this factor (2 = twice the request rate)"""
+    window_ms: float = DEFAULT_KNOBS.batch_window_ms
+    """batch window, milliseconds"""
+    chunk: int = DEFAULT_KNOBS.prefill_chunk_tokens
+    """prefill chunk, tokens"""
+    kv_ratio: float = DEFAULT_KNOBS.kv_cache_ratio
+    """KV cache ratio"""
+    slo: str | None = None
+    """SLO classes: a preset (default, long-context) or
+    name:ttft_s:tpot_s[:ttft_per_prompt_token_s],... (default: the engine's DEFAULT_SLO_CLASSES)"""
+    seed: int = 0
+    """seed of the synthetic trace"""
+    step_by_step: bool = False
+    """no closed-form decode stretches (the reference path, slower)"""
+    json: bool = False
+    """print one JSON object"""
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    epilog = "traces: " + "; ".join(f"{k}: {v}" for k, v in TRACE_ALIASES.items())
+    return tyro.cli(Args, args=argv, description=__doc__.splitlines()[0] + "\n\n" + epilog)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.slo:
             config.slo_classes = slo_classes_from_arg(args.slo)
             config.default_slo_class = next(iter(config.slo_classes))
-        profile = Profile.load(ProfileChoice.from_args(args).spec())
+        profile = Profile.load(args.spec())
     except (ValueError, FileNotFoundError) as e:
         print(f"replay: {e}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ import pytest
 
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.executor import GIB
-from runtime.engine.profile import DEFAULT_PROFILE_PATH, Profile
+from runtime.engine.profile import Profile, default_profile_path
 from runtime.engine.request import RejectReason
 from runtime.engine.roofline import (
     ACCELERATORS,
@@ -48,7 +48,7 @@ def test_every_model_derives_on_every_accelerator_with_its_names_round_trip():
 
 
 def test_a_profile_file_of_the_same_name_wins_over_the_derivation():
-    assert Profile.load("h200-llama2-7b-40gib-roofline") == Profile.load(DEFAULT_PROFILE_PATH)
+    assert Profile.load("h200-llama2-7b-40gib-roofline") == Profile.load(default_profile_path())
 
 
 def test_an_unknown_profile_name_is_refused_naming_the_catalogue():

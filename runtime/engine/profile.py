@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from runtime.engine.executor import Batch, DecodeCost, MemoryModel
+from runtime.locations import profiles_dir
 
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "profiles"
-DEFAULT_PROFILE_PATH = PROFILE_DIR / "h200-llama2-7b-40gib-roofline.json"
+DEFAULT_PROFILE_NAME = "h200-llama2-7b-40gib-roofline.json"
+"""the profile the engine uses when none is named, a file in :func:`profiles_dir`"""
 PROFILE_KINDS = ("roofline", "measured")
 DEFAULT_MAX_MODEL_LEN = 16384
 """the context of a profile file that does not give one (every file before profiles had one)"""
@@ -150,12 +151,12 @@ class Profile:
     @classmethod
     def load(cls, path: str | Path | None = None) -> Profile:
         """Load a profile file, or a profile by name: a file ``<name>.json`` in
-        :data:`PROFILE_DIR`, else a roofline profile derived from the catalogue of
-        :mod:`runtime.engine.roofline` (``h100-llama3.1-8b-40gib-roofline``). None is the
-        shipped default (the roofline H200 Llama-2-7B profile)."""
-        path = Path(path) if path is not None else DEFAULT_PROFILE_PATH
+        :func:`runtime.locations.profiles_dir`, else a roofline profile derived from the
+        catalogue of :mod:`runtime.engine.roofline` (``h100-llama3.1-8b-40gib-roofline``).
+        None is the shipped default (the roofline H200 Llama-2-7B profile)."""
+        path = Path(path) if path is not None else default_profile_path()
         if not path.exists() and "/" not in str(path) and path.suffix != ".json":
-            named = PROFILE_DIR / f"{path}.json"
+            named = profiles_dir() / f"{path}.json"
             if named.exists():
                 path = named
             else:
@@ -169,7 +170,7 @@ class Profile:
                     f"{roofline.profile_name('MODEL', 'ACCELERATOR', 40)} with MODEL one of "
                     f"{', '.join(roofline.MODELS)}, ACCELERATOR one of "
                     f"{', '.join(roofline.ACCELERATORS)} (optionally xTP: h100x4), or a file in "
-                    f"{PROFILE_DIR}")
+                    f"{profiles_dir()}")
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:
@@ -178,3 +179,8 @@ class Profile:
             raise ValueError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): "
                              f"{e.msg}") from None
         return cls.from_json(data, source=str(path))
+
+
+def default_profile_path() -> Path:
+    """The default profile's path (found through :mod:`runtime.locations`)."""
+    return profiles_dir() / DEFAULT_PROFILE_NAME

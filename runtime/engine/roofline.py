@@ -278,7 +278,8 @@ class ProfileChoice:
     """a profile file, or a profile name (a file in checkpoints/profiles or a catalogue name);
     default: the shipped roofline H200 Llama-2-7B profile"""
     model: str | None = None
-    """a catalogue model (llama2-7b, llama3.1-8b, mistral-7b, qwen2.5-7b, llama3.1-70b)"""
+    """a catalogue model (llama2-7b, llama3.1-8b, mistral-7b, qwen2.5-7b, llama2-70b,
+    llama3.1-70b)"""
     accelerator: str | None = None
     """a catalogue accelerator (h100, h200, a100, l40s)"""
     memory_gib: float = 40.0
