@@ -16,11 +16,12 @@ the ratio). Every figure here is derived; none was measured on an accelerator.
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from dataclasses import dataclass
 
 import numpy as np
+import tyro
 
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.executor import GIB, Batch, IterationResult
@@ -137,15 +138,19 @@ def replay_published(p: Published) -> dict:
             "time_shares": {TERMS[k]: v / total for k, v in ex.terms.items() if v > 0}}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true", help="one JSON object per row")
-    args = ap.parse_args()
+@dataclass
+class Args:
+    json: bool = False
+    """one JSON object per row"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
     rows = [replay_published(p) for p in PUBLISHED]
     if args.json:
         for r in rows:
             print(json.dumps(r))
-        return
+        return 0
     print("| model | GPU x TP | batch | in / out | figure | published | simulated | "
           "sim / pub | sim / (pub x TP) | where the simulated time goes |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -160,7 +165,8 @@ def main() -> None:
               f"| {shares} |")
     print(f"\nsource: {rows[0]['source']}; precision fp16 (the profiles' bf16 costs the same); "
           "every simulated figure is derived from datasheets and assumed efficiencies")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,8 +11,11 @@ at batch 1 and at batch 64 with 4,096 tokens of context each; prefill per token;
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
+from dataclasses import dataclass
+
+import tyro
 
 from runtime.engine.profile import Profile
 from runtime.engine.roofline import ACCELERATORS, MODELS, derive
@@ -30,22 +33,33 @@ def profiles(memory_gib: float, models: list[str], accelerators: list[str]) -> l
     return out + [Profile.load(p) for p in sorted(profiles_dir().glob("*.json"))]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--memory-gib", type=float, default=40.0,
-                    help="memory per accelerator of the derived profiles (default 40 GiB)")
-    ap.add_argument("--model", action="append", choices=list(MODELS),
-                    help="only these models (repeatable; default all)")
-    ap.add_argument("--accelerator", action="append", choices=list(ACCELERATORS),
-                    help="only these accelerators (repeatable; default all)")
-    ap.add_argument("--json", action="store_true", help="one JSON object per profile")
-    args = ap.parse_args()
-    rows = [p.key_figures() for p in profiles(args.memory_gib, args.model or list(MODELS),
-                                              args.accelerator or list(ACCELERATORS))]
+@dataclass
+class Args:
+    memory_gib: float = 40.0
+    """memory per accelerator of the derived profiles, GiB"""
+    model: tuple[str, ...] = ()
+    """only these catalogue models (default: all)"""
+    accelerator: tuple[str, ...] = ()
+    """only these catalogue accelerators (default: all)"""
+    json: bool = False
+    """one JSON object per profile"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
+    for flag, values, known in (("--model", args.model, MODELS),
+                                ("--accelerator", args.accelerator, ACCELERATORS)):
+        unknown = [v for v in values if v not in known]
+        if unknown:
+            print(f"list_profiles: {flag} must be among {', '.join(known)}, got {unknown}",
+                  file=sys.stderr)
+            return 2
+    rows = [p.key_figures() for p in profiles(args.memory_gib, list(args.model or MODELS),
+                                              list(args.accelerator or ACCELERATORS))]
     if args.json:
         for r in rows:
             print(json.dumps(r))
-        return
+        return 0
     print("| profile | context | KV KiB/token | KV blocks 0.4 / 0.9 / 0.95 | decode b=1 ms | "
           "decode b=64 ms | prefill us/token | source |")
     print("|---|---|---|---|---|---|---|---|")
@@ -55,7 +69,8 @@ def main() -> None:
               f"{b[0.4]:,} / {b[0.9]:,} / {b[0.95]:,} | {r['decode_step_ms_b1']:.2f} | "
               f"{r['decode_step_ms_b64']:.2f} | {r['prefill_us_per_token']:.2f} | "
               f"{r['source']} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
