@@ -1,5 +1,6 @@
 """List executor profiles with their key figures: every catalogue model on every accelerator
-(derived, at ``--memory-gib`` per accelerator) and the profile files in checkpoints/profiles.
+(derived, at ``--memory-gib`` per accelerator) and the profile files in checkpoints/profiles
+(a file wins over the derivation of the same name, as when a command loads it).
 
     python scripts/list_profiles.py                  # markdown table
     python scripts/list_profiles.py --memory-gib 60 --model llama3.1-8b --json
@@ -27,7 +28,9 @@ def profiles(memory_gib: float, models: list[str], accelerators: list[str]) -> l
     for model in models:
         for accel in accelerators:
             try:
-                out.append(derive(model, accel, memory_gib))
+                profile = derive(model, accel, memory_gib)
+                if not (profiles_dir() / f"{profile.name}.json").exists():  # the file wins
+                    out.append(profile)
             except ValueError as e:  # e.g. 70B weights that do not fit the budget
                 print(f"skipped {model} on {accel}: {e}")
     return out + [Profile.load(p) for p in sorted(profiles_dir().glob("*.json"))]

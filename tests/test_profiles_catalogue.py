@@ -150,3 +150,23 @@ def test_the_torch_executor_runs_a_scaled_down_shape_through_the_engine(model):
     assert [r.reject_reason for r in engine.requests] == [None, None, None]
     assert all(np.isfinite(ex.last_logits[r.req_id].float().numpy()).all()
                for r in engine.requests)
+
+
+def test_list_profiles_prints_the_key_figures_of_the_chosen_ones():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "scripts/list_profiles.py", "--model", "llama3.1-8b",
+                          "--accelerator", "h100", "--json"], cwd=root, capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(root)), timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert rows[0]["name"] == "h100-llama3.1-8b-40gib-roofline"
+    assert rows[0]["kv_blocks"] == {"0.4": 5128, "0.9": 11539, "0.95": 12180}
+    assert rows[0]["source"] == "derived: datasheet x efficiency"
+    assert [r["name"] for r in rows[1:]] == ["cpu-tiny-0.25gib-measured",
+                                             "h200-llama2-7b-40gib-roofline"]
