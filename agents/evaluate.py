@@ -14,13 +14,15 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import tyro
 
 from agents.arena import evaluate
 from agents.registry import BASELINES, EvalSpec, make_controller
 from agents.report import markdown_table, plot, write_json
+from env.traces.cotenant import cotenant_demand
+from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.engine import EngineConfig
 from runtime.engine.roofline import ProfileChoice
 from runtime.engine.slo import slo_classes_from_arg
@@ -30,7 +32,7 @@ from runtime.session import DEFAULT_INTERVAL_S
 @dataclass
 class Config(ProfileChoice):
     trace: str = "synthetic"
-    """traces, comma-separated: synthetic | azure-conv | azure-code | PATH"""
+    """traces, comma-separated: synthetic | azure-conv | azure-code | mixed | mixed:SPEC | PATH"""
     split: Literal["train", "eval", "all"] = "eval"
     """the part of each trace that is replayed (one window)"""
     controllers: str = ",".join(BASELINES)
@@ -41,8 +43,8 @@ class Config(ProfileChoice):
     interval_s: float = DEFAULT_INTERVAL_S
     """the decision interval, engine seconds"""
     slo: str | None = None
-    """SLO classes: a preset (default, long-context) or
-    name:ttft_s:tpot_s[:ttft_per_prompt_token_s],... (default: the engine's)"""
+    """SLO classes: a preset (default, long-context) or name:ttft_s:tpot_s[:deadline_s],...,
+    ttft_s optionally BASE+SECONDS/tok (default: the engine's)"""
     tuning_scales: str | None = None
     """rate scales best-static is tuned at, comma-separated (default 0.5,0.75,1,1.5,2: around
     the trace's own rate; a trace far past one accelerator's capacity needs lower ones)"""
@@ -51,6 +53,17 @@ class Config(ProfileChoice):
     match_static: float | None = None
     """also run every controller at the load where the static default attains this share
     (e.g. 0.68)"""
+    batch_share: float = EngineConfig.batch_share
+    """share of each step's chunk, of the sequence slots and of the KV blocks that batch-class
+    requests may take"""
+    admission: Annotated[AdmissionPolicy, tyro.conf.EnumChoicesFromValues] = AdmissionPolicy(
+        EngineConfig.admission)
+    """what happens to interactive requests late for their first token"""
+    admission_slack: float = EngineConfig.admission_slack
+    """a request is late after waiting this many TTFT targets without a first token"""
+    cotenant: bool = False
+    """lend the memory the engine leaves to the default co-tenant demand and report the share
+    served"""
     workers: int = 2
     """worker processes"""
     out: Path = Path("runs/evaluate")
@@ -85,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
         profile = cfg.spec()
-        config = EngineConfig()
+        config = EngineConfig(batch_share=cfg.batch_share, admission=cfg.admission.value,
+                              admission_slack=cfg.admission_slack,
+                              cotenant=cotenant_demand() if cfg.cotenant else None)
         if cfg.slo:
             config.slo_classes = slo_classes_from_arg(cfg.slo)
             config.default_slo_class = next(iter(config.slo_classes))

@@ -56,16 +56,18 @@ def test_a_long_prompt_meets_a_growing_target_that_a_fixed_one_misses():
         return engine.summary().slo_attainment
 
     assert attainment(DEFAULT_SLO_CLASSES) == 0.0
-    assert attainment({"interactive": SloTarget(1.0, 0.05, 1.5e-3)}) == 1.0
+    assert attainment({"interactive": SloTarget(1.0, 0.05, ttft_per_prompt_token_s=1.5e-3)}) \
+        == 1.0
 
 
 def test_slo_classes_parse_with_an_optional_allowance_or_by_preset():
-    classes = parse_slo_classes("interactive:1:0.05:0.00015,batch:10:0.2")
-    assert classes == {"interactive": SloTarget(1.0, 0.05, 0.00015),
-                       "batch": SloTarget(10.0, 0.2)}
+    classes = parse_slo_classes("interactive:1+0.00015/tok:0.05,batch:3600:1:3600")
+    assert classes == {"interactive": SloTarget(1.0, 0.05, ttft_per_prompt_token_s=0.00015),
+                       "batch": SloTarget(3600.0, 1.0, deadline_s=3600.0)}
     assert slo_classes_from_arg("long-context") == LONG_CONTEXT_SLO_CLASSES
-    with pytest.raises(ValueError, match=r"expected name:ttft_s:tpot_s\[:ttft_per_prompt"):
-        parse_slo_classes("interactive:1")
+    with pytest.raises(ValueError, match=r"SLO class 'interactive': ttft '1\+0.00015': an "
+                                         r"allowance is written BASE\+SECONDS/tok"):
+        parse_slo_classes("interactive:1+0.00015:0.05")
 
 
 def write_mooncake(path: Path, timestamps_ms: list[int]) -> Path:
