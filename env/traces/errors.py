@@ -28,6 +28,10 @@ class TraceFormatError(ValueError):
             where += f", column {column}"
         super().__init__(f"{where}: {problem}")
 
+    def __reduce__(self):
+        # rebuilt from its own arguments, so that it crosses a process pool or Ray intact
+        return type(self), (self.path, self.line, self.column, self.problem)
+
     @classmethod
     def not_utf8(cls, path: str | Path) -> TraceFormatError:
         """The error for a file that is not UTF-8 text, naming the line of its first bad byte."""
