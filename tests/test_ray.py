@@ -1,0 +1,108 @@
+"""Ray: the executor's ray backend and the Ray VecEnv, on a local Ray of 2 CPUs (what CI runs;
+Ray is the optional ``ray`` extra, and without it these tests skip)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from agents.controllers.best_static import _score  # noqa: E402
+from agents.evaluate import _row_job  # noqa: E402
+from agents.parallel import JobRunner, run_jobs  # noqa: E402
+from tests.parallel_jobs import (  # noqa: E402
+    arena_jobs,
+    grid_jobs,
+    without_wall_time,
+    write_small_trace,
+)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray of 2 CPUs for the module (starting one costs seconds)."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+def test_ray_gives_the_process_pool_results_to_the_last_digit(local_ray, tmp_path):
+    path = write_small_trace(tmp_path)
+    with JobRunner(2, ray=True, progress=False) as on_ray:
+        grid_ray = on_ray.map(_score, grid_jobs(path))
+        rows_ray = on_ray.map(_row_job, arena_jobs(path))
+    with JobRunner(2, ray=False, progress=False) as pool:
+        grid_pool = pool.map(_score, grid_jobs(path))
+        rows_pool = pool.map(_row_job, arena_jobs(path))
+    assert grid_ray == grid_pool
+    assert without_wall_time(rows_ray) == without_wall_time(rows_pool)
+    assert [(r["controller"], r["rate_scale"]) for r in rows_ray] == [
+        (j[1], j[2]) for j in arena_jobs(path)]
+    assert ray.is_initialized()  # a runner leaves a Ray it did not start running
+
+
+def test_a_failing_ray_task_raises_its_own_error(local_ray, tmp_path):
+    missing = str(tmp_path / "no-such-trace.csv")
+    with pytest.raises(FileNotFoundError, match="no-such-trace.csv"):
+        run_jobs(_score, [(missing, "all", (1.0,), (5.0, 2048, 0.9), None, None)], ray=True,
+                 progress=False)
+
+
+def make_serving_env(episode_s: float):
+    import gymnasium as gym
+    from stable_baselines3.common.monitor import Monitor
+
+    import env
+
+    return Monitor(gym.make(env.ENV_ID, trace="synthetic", episode_s=episode_s))
+
+
+def rollout(venv, actions: np.ndarray) -> dict[str, list]:
+    """Seeded reset, then the given actions; everything a learner sees."""
+    venv.seed(7)
+    out: dict[str, list] = {"obs": [venv.reset()], "rewards": [], "dones": [], "terminal": [],
+                            "truncated": []}
+    for a in actions:
+        obs, rewards, dones, infos = venv.step(a)
+        out["obs"].append(obs)
+        out["rewards"].append(rewards)
+        out["dones"].append(dones)
+        for i, info in enumerate(infos):
+            if "terminal_observation" in info:
+                out["terminal"].append((i, info["terminal_observation"]))
+                out["truncated"].append(info["TimeLimit.truncated"])
+    out["rate_scale"] = venv.get_attr("rate_scale")
+    out["window_start_s"] = venv.env_method("get_wrapper_attr", "start_s", indices=[2, 0])
+    venv.close()
+    return out
+
+
+def test_ray_vec_env_sees_what_dummy_and_subproc_vec_envs_see(local_ray):
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    from agents.ray_vec_env import RayVecEnv
+
+    fns = [partial(make_serving_env, 3.0)] * 3  # 12 intervals an episode: resets within 30 steps
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(30, 3, 3)).astype(np.float32)
+    dummy = rollout(DummyVecEnv(fns), actions)
+    subproc = rollout(SubprocVecEnv(fns), actions)
+    got = rollout(RayVecEnv(fns, n_workers=2), actions)  # blocks of 2 and 1 environments
+    for want in (subproc, dummy):
+        np.testing.assert_array_equal(np.stack(got["obs"]), np.stack(want["obs"]))
+        np.testing.assert_array_equal(np.stack(got["dones"]), np.stack(want["dones"]))
+        assert [i for i, _ in got["terminal"]] == [i for i, _ in want["terminal"]]
+        for (_, a), (_, b) in zip(got["terminal"], want["terminal"]):
+            np.testing.assert_array_equal(a, b)
+        assert got["truncated"] == want["truncated"]
+        assert got["rate_scale"] == want["rate_scale"]
+        assert got["window_start_s"] == want["window_start_s"]
+    # rewards: float64 as SubprocVecEnv hands them over; DummyVecEnv keeps a float32 buffer
+    np.testing.assert_array_equal(np.stack(got["rewards"]), np.stack(subproc["rewards"]))
+    np.testing.assert_array_equal(np.stack(got["rewards"]).astype(np.float32),
+                                  np.stack(dummy["rewards"]))
+    want = dummy
+    assert len(want["terminal"]) >= 6  # every environment ended an episode at least twice
+    assert all(want["truncated"])  # running out of trace is truncation
