@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+RAY_STAMP := $(VENV)/.installed-ray
 
 .PHONY: train test replay evaluate serve bench lint clean
 
@@ -14,10 +15,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[train,dev]"
 	touch $(STAMP)
 
+# the tests also run the Ray smoke tests on a local Ray: the optional `ray` extra, which `make
+# train` does not need
+$(RAY_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[train,ray,dev]"
+	touch $(RAY_STAMP)
+
 train: $(STAMP)
 	$(PY) train.py --preset default
 
-test: $(STAMP)
+test: $(RAY_STAMP)
 	$(PY) -m pytest -q
 
 replay: $(STAMP)

@@ -23,6 +23,7 @@ function is).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,6 +46,8 @@ class EnvGroup:
         from stable_baselines3.common.vec_env.patch_gym import _patch_env
 
         self.envs = [_patch_env(fn()) for fn in env_fns]
+        self.step_seconds = 0.0
+        """wall seconds spent in ``step`` so far (what the learner waits for; see stepping_time)"""
 
     def spaces(self) -> tuple[gym.Space, gym.Space]:
         return self.envs[0].observation_space, self.envs[0].action_space
@@ -57,6 +60,7 @@ class EnvGroup:
         return out
 
     def step(self, actions: np.ndarray) -> list[tuple]:
+        t0 = time.perf_counter()
         out = []
         for env, action in zip(self.envs, actions):
             obs, reward, terminated, truncated, info = env.step(action)
@@ -67,7 +71,11 @@ class EnvGroup:
                 info["terminal_observation"] = obs
                 obs, reset_info = env.reset()
             out.append((obs, reward, done, info, reset_info))
+        self.step_seconds += time.perf_counter() - t0
         return out
+
+    def stepping_time(self) -> float:
+        return self.step_seconds
 
     def get_attr(self, name: str, local: Sequence[int]) -> list[Any]:
         return [self.envs[i].get_wrapper_attr(name) for i in local]
@@ -175,6 +183,10 @@ class RayVecEnv(VecEnv):
     def get_images(self) -> Sequence[np.ndarray | None]:
         return [img for group in self._ray.get([w.render.remote() for w in self.workers])
                 for img in group]
+
+    def stepping_seconds(self) -> list[float]:
+        """Each worker's wall seconds spent stepping its environments so far."""
+        return self._ray.get([w.stepping_time.remote() for w in self.workers])
 
     # ------------------------------------------------------------------ attributes and methods
     def _by_worker(self, indices: VecEnvIndices) -> dict[int, list[int]]:
