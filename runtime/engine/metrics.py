@@ -135,12 +135,14 @@ def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int,
     for r in requests:
         n += 1
         if r.status == Status.FINISHED:
+            assert r.first_token_s is not None and r.finish_s is not None
             finished += 1
             ttfts.append(r.first_token_s - r.arrival_s)
             if r.output_tokens >= 2:
                 tpots.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1))
             met += r.meets_slo()
         elif r.status == Status.REJECTED:
+            assert r.reject_reason is not None
             reasons[r.reject_reason.value] = reasons.get(r.reject_reason.value, 0) + 1
             if r.reject_reason != RejectReason.ABORTED:
                 rejected += 1
