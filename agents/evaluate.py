@@ -20,12 +20,12 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from agents.parallel import JobRunner
 from env.session import ServingSession
 from env.traces import rate_scale, split
 from env.traces.resolve import resolve_trace, trace_label
@@ -318,22 +318,15 @@ def plot(rows: Sequence[dict], out_dir: Path) -> list[Path]:
     return paths
 
 
-def _progress(results, total: int, what: str, t0: float, show: bool):
-    """Pass ``results`` through, counting them on stderr (they arrive one by one from a pool)."""
-    for i, r in enumerate(results, 1):
-        if show:
-            print(f"\r  {i}/{total} {what} ({time.perf_counter() - t0:.0f} s)", end="",
-                  file=sys.stderr, flush=True)
-        yield r
-    if show:
-        print(file=sys.stderr)
-
-
 def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence[float], *,
              part: str = "eval", interval_s: float = 0.25, profile_path: str | None = None,
              config: EngineConfig | None = None, capacity: bool = True, workers: int = 2,
-             progress: bool = True, match_static: float | None = None) -> dict:
+             ray: bool | None = None, progress: bool = True,
+             match_static: float | None = None) -> dict:
     """Run the arena; returns ``{"rows": [...], "capacity": [...], "static_match": [...]}``.
+
+    Rows and capacity bisections run in parallel through :class:`agents.parallel.JobRunner`:
+    ``workers`` local processes, or Ray with ``ray=True`` (``None``: when ``RAY_ADDRESS`` is set).
 
     :param match_static: also find, per trace, the rate scale at which the static default
         attains this share (bisection to 2%), and run every controller there; those rows carry
@@ -348,8 +341,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
     jobs = [(specs[t], c, s, True) for t in traces for c in controllers for s in scales]
     t0 = time.perf_counter()
     rows: list[dict] = []
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        rows.extend(_progress(pool.map(_row_job, jobs), len(jobs), "runs", t0, progress))
+    with JobRunner(workers, ray=ray, progress=progress) as pool:
+        rows.extend(pool.map(_row_job, jobs, desc="runs"))
         matched: list[dict] = []
         if match_static is not None:
             for t in traces:
@@ -368,7 +361,7 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
                                 if scale in known else att(scale)})
             mjobs = [(specs[t], c, m["rate_scale"], False) for t, m in zip(traces, matched)
                      for c in controllers]
-            for row in pool.map(_row_job, mjobs):
+            for row in pool.map(_row_job, mjobs, desc="runs at the static match"):
                 row["matched_static"] = True
                 rows.append(row)
         cap: list[dict] = []
@@ -381,8 +374,7 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
                     cjobs.append((specs[t], c, known))
             # the capacity jobs take longest for the best controllers: start them first
             cjobs.sort(key=lambda j: -sum(j[2].values()))
-            cap.extend(_progress(pool.map(_capacity_job, cjobs), len(cjobs), "capacities", t0,
-                                 progress))
+            cap.extend(pool.map(_capacity_job, cjobs, desc="capacities"))
     return {"rows": rows, "capacity": cap, "static_match": matched, "split": part,
             "interval_s": interval_s,
             "profile": Profile.load(profile_path).name, "wall_s": time.perf_counter() - t0}
@@ -404,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run every controller at the load where the static default "
                          "attains SHARE (e.g. 0.68)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--ray", action="store_true",
+                    help="run the jobs on Ray: RAY_ADDRESS's cluster or a local Ray of --workers "
+                         "CPUs (docs/ray.md); RAY_ADDRESS alone also does")
     ap.add_argument("--out", type=Path, default=Path("runs/evaluate"),
                     help="folder for the plots and results.json (default runs/evaluate)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -423,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = evaluate(traces, controllers, scales, part=args.split, interval_s=args.interval_s,
                       profile_path=args.profile, capacity=not args.no_capacity,
-                      workers=args.workers, progress=not args.json,
+                      workers=args.workers, ray=args.ray or None, progress=not args.json,
                       match_static=args.match_static)
     plots = plot(result["rows"], args.out)
     for r in result["rows"]:

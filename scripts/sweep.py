@@ -1,22 +1,23 @@
 """Sweep train.py's seeds and hyper-parameters with Ray Tune, logging every trial to W&B.
 
     python scripts/sweep.py --seeds 0 1 2 --grid learning_rate=1e-4,3e-4 gamma=0.98,0.99
-    RAY_ADDRESS=ray://head:10001 python scripts/sweep.py --preset default --seeds 0 1 2 3
+    RAY_ADDRESS=ray://head:10001 python scripts/sweep.py --preset default --seeds 0 1 2 3 \
+        -- --trace azure-conv --n-envs 4 --vec-env dummy
 
 Every combination of the grid runs once per seed, as one Tune trial: ``train.py`` with the
-preset, the trial's values and ``--train-args`` (its own flags, so its own checks apply; they are
-checked here before anything starts). A trial reports each periodic evaluation of the policy to
-Tune (``eval_mean``: mean SLO attainment over the held-out evaluation windows, ``best_eval_mean``)
-and, at its end, the final evaluation's attainment of the trained policy per trace and load
-(``final/<trace>/x<scale>``). Ray Tune's ``WandbLoggerCallback`` logs every trial as a W&B run in
-one group named after the sweep (offline unless an API key is configured, like train.py;
-``--wandb-mode disabled`` in tests); the trials' own train.py runs log nothing to W&B, so that no
-trial is logged twice. The trials' run folders (model, ONNX policy, card) land in
-``<out-dir>/<name>/runs/``, Tune's records in ``<out-dir>/<name>/``.
+preset, the trial's values and the flags after ``--`` (train.py's own flags, so its own checks
+apply; they are checked here before anything starts). A trial reports each periodic evaluation
+of the policy to Tune (``eval_mean``: mean SLO attainment over the held-out evaluation windows,
+``best_eval_mean``) and, at its end, the final evaluation's attainment of the trained policy
+per trace and load (``final/<trace>/x<scale>``). Ray Tune's ``WandbLoggerCallback`` logs every
+trial as a W&B run in one group named after the sweep (offline unless an API key is
+configured, like train.py; ``--wandb-mode disabled`` in tests); the trials' own train.py runs
+log nothing to W&B, so that no trial is logged twice. The trials' run folders (model, ONNX
+policy, card) land in ``<out-dir>/<name>/runs/``, Tune's records in ``<out-dir>/<name>/``.
 
 Ray: the cluster at ``RAY_ADDRESS`` (this checkout is shipped to it, see docs/ray.md), or a local
 Ray of ``--cpus`` CPUs. Each trial holds ``--cpus-per-trial`` CPUs; a trial's final evaluation
-runs in its own process (``--workers 1``) unless ``--train-args`` says otherwise.
+runs in its own process (``--workers 1``) unless the flags after ``--`` say otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import datetime as dt
 import itertools
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +49,8 @@ class Args:
     """hyper-parameters as FIELD=V1,V2 with train.py's field names (learning_rate=1e-4,3e-4);
     a value with spaces is several tokens (net_arch=64 64,128 128)"""
     train_args: tuple[str, ...] = ()
-    """further train.py flags for every trial, verbatim (e.g. --train-args --trace azure-conv)"""
+    """further train.py flags for every trial, verbatim: everything after a lone -- on the
+    command line"""
     cpus: int = 2
     """CPUs of the local Ray (ignored on a cluster: RAY_ADDRESS)"""
     cpus_per_trial: float = 1.0
@@ -98,8 +101,9 @@ def run_trial(config: dict[str, Any]) -> None:
     # the trial's own jobs (its final evaluation) stay in its process, on the CPUs it holds
     os.environ.pop(RAY_ADDRESS_ENV, None)
     params = {k: config[k] for k in config["grid_fields"]}
-    name = "-".join([f"s{config['seed']}", *(f"{k}={v}" for k, v in params.items())])
-    name = name.replace(" ", "_").replace("/", "_")
+    # a run name W&B accepts as an artifact name: letters, digits, dashes, underscores, dots
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", "-".join(
+        [f"s{config['seed']}", *(f"{k}-{v}" for k, v in params.items())]))
     argv = trial_argv(config["args"], config["seed"], params, name, config["runs_dir"])
     best = {"value": -1.0}
 
@@ -174,7 +178,12 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    rest: list[str] = []
+    if "--" in argv:
+        argv, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
+    args = dataclasses.replace(args, train_args=args.train_args + tuple(rest))
     try:
         import_ray()
         result = sweep(args)

@@ -3,12 +3,18 @@ Ray is the optional ``ray`` extra, and without it these tests skip)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
+ROOT = Path(__file__).resolve().parents[1]
 
 from agents.controllers.best_static import _score  # noqa: E402
 from agents.evaluate import _row_job  # noqa: E402
@@ -106,3 +112,29 @@ def test_ray_vec_env_sees_what_dummy_and_subproc_vec_envs_see(local_ray):
     want = dummy
     assert len(want["terminal"]) >= 6  # every environment ended an episode at least twice
     assert all(want["truncated"])  # running out of trace is truncation
+
+
+def test_a_sweep_on_a_running_ray_trains_every_trial_and_reports_its_evaluations(local_ray,
+                                                                               tmp_path):
+    # the sweep joins the running Ray through RAY_ADDRESS, as it joins a cluster: this checkout
+    # travels to it as the job's working directory
+    address = ray.get_runtime_context().gcs_address
+    out = subprocess.run(
+        [sys.executable, "scripts/sweep.py", "--seeds", "0", "--grid", "learning_rate=1e-4,3e-4",
+         "--wandb-mode", "disabled", "--out-dir", str(tmp_path), "--name", "t", "--json",
+         "--", "--total-timesteps", "256", "--n-envs", "1", "--n-steps", "128",
+         "--batch-size", "64", "--eval-every", "128", "--eval-episode-s", "20"],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), RAY_ADDRESS=address),
+        capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    trials = result["trials"]
+    assert [(t["seed"], t["learning_rate"]) for t in trials] == [(0, "1e-4"), (0, "3e-4")]
+    for t in trials:
+        assert 0.0 <= t["best_eval_mean"] <= 1.0
+        assert set(t) >= {"final/synthetic/x1.5", "run_dir"}
+        card = json.loads((Path(t["run_dir"]) / "card.json").read_text())
+        assert card["config"]["learning_rate"] == float(t["learning_rate"])
+        assert [e["step"] for e in card["training"]["periodic_evaluations"]] == [128, 256, 256]
+    assert result["best"] in trials
+    assert (tmp_path / "t" / "sweep.json").is_file()
