@@ -138,3 +138,20 @@ def test_a_sweep_on_a_running_ray_trains_every_trial_and_reports_its_evaluations
         assert [e["step"] for e in card["training"]["periodic_evaluations"]] == [128, 256, 256]
     assert result["best"] in trials
     assert (tmp_path / "t" / "sweep.json").is_file()
+
+
+def test_train_py_vec_env_ray_puts_its_environment_copies_on_ray_actors(local_ray):
+    from agents.ray_vec_env import RayVecEnv
+    from train import make_vec_env, parse_config, parse_traces
+
+    cfg = parse_config(["--preset", "smoke", "--vec-env", "ray", "--n-envs", "3",
+                        "--ray-workers", "2"])
+    venv = make_vec_env(cfg, parse_traces(cfg.trace, (cfg.rate_scale_min, cfg.rate_scale_max)))
+    try:
+        assert isinstance(venv.venv, RayVecEnv)
+        assert [list(b) for b in venv.venv.blocks] == [[0, 1], [2]]
+        obs = venv.reset()
+        obs, rewards, dones, infos = venv.step(np.zeros((3, 3), dtype=np.float32))
+        assert obs.shape == (3, venv.observation_space.shape[0]) and len(infos) == 3
+    finally:
+        venv.close()
