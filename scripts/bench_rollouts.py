@@ -57,6 +57,9 @@ class Args:
     """rollout + update iterations timed per worker count (the first is a warm-up, not counted)"""
     project: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     """worker counts of the projection"""
+    project_envs_per_worker: tuple[int, ...] = (4, 16, 64)
+    """environments per worker of the projection (the learner's per-step cost is taken as
+    measured: it grows with the workers it waits for, assumed not with their environments)"""
     json: bool = False
     """print one JSON object"""
 
@@ -136,9 +139,10 @@ def time_ppo(args: Args, workers: int) -> dict:
 
 
 def project(args: Args, runs: list[dict]) -> dict:
-    """The projection of the module docstring from the measured figures."""
-    k, n = args.envs_per_worker, args.n_steps
-    env_s = runs[0]["worker_stepping_s"] / (n * k)
+    """The projection of the module docstring from the measured figures, for each number of
+    environments per worker in ``args.project_envs_per_worker``."""
+    k0, n = args.envs_per_worker, args.n_steps
+    env_s = runs[0]["worker_stepping_s"] / (n * k0)
     # the learner's own time per step: what the rollout took beyond the slowest worker's stepping
     learner_step = {r["workers"]: (r["rollout_s"] - r["worker_stepping_s"]) / n for r in runs}
     ws = sorted(learner_step)
@@ -146,18 +150,19 @@ def project(args: Args, runs: list[dict]) -> dict:
     b = max(b, 0.0)
     a = learner_step[ws[0]] - b * ws[0]
     u = float(np.mean([r["update_s"] / (r["envs"] * n) for r in runs]))
-    rows = []
-    for w in args.project:
-        workers_s = n * k * env_s
-        learner_s = n * (a + b * w) + u * w * k * n
-        total = workers_s + learner_s
-        rows.append({"workers": w, "steps_per_s": w * k * n / total,
-                     "workers_s": workers_s, "learner_s": learner_s,
-                     "bound": "learner" if learner_s > workers_s else "environments"})
-    crossing = next((r["workers"] for r in rows if r["bound"] == "learner"), None)
+    tables = {}
+    for k in args.project_envs_per_worker:
+        rows = []
+        for w in args.project:
+            workers_s = n * k * env_s
+            learner_s = n * (a + b * w) + u * w * k * n
+            rows.append({"workers": w, "steps_per_s": w * k * n / (workers_s + learner_s),
+                         "workers_s": workers_s, "learner_s": learner_s,
+                         "bound": "learner" if learner_s > workers_s else "environments"})
+        crossing = next((r["workers"] for r in rows if r["bound"] == "learner"), None)
+        tables[k] = {"rows": rows, "learner_bound_from_workers": crossing}
     return {"env_step_s": env_s, "learner_step_s": {"a": a, "b": b}, "update_s_per_sample": u,
-            "learner_limit_steps_per_s": 1.0 / u, "learner_bound_from_workers": crossing,
-            "rows": rows}
+            "learner_limit_steps_per_s": 1.0 / u, "by_envs_per_worker": tables}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,15 +203,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"projection: learner per step {ls['a'] * 1e3:.3f} + {ls['b'] * 1e3:.3f} ms x workers; "
           f"update {proj['update_s_per_sample'] * 1e6:.1f} us/sample "
           f"(the learner's limit: {proj['learner_limit_steps_per_s']:,.0f} steps/s)")
-    print("| workers | projected steps/s | workers' s/iteration | learner's s/iteration | "
-          "bound by |")
-    print("|---|---|---|---|---|")
-    for r in proj["rows"]:
-        print(f"| {r['workers']} | {r['steps_per_s']:,.0f} | {r['workers_s']:.2f} | "
-              f"{r['learner_s']:.2f} | {r['bound']} |")
-    crossing = proj["learner_bound_from_workers"]
-    print(f"\nthe learner is the bottleneck from {crossing} workers" if crossing else
-          f"\nthe learner is not the bottleneck up to {max(args.project)} workers")
+    ks = list(proj["by_envs_per_worker"])
+    print("projected steps/s (bound by: e = environments, L = learner)")
+    print("| workers | " + " | ".join(f"{k} envs/worker" for k in ks) + " |")
+    print("|---|" + "---|" * len(ks))
+    for i, w in enumerate(args.project):
+        cells = []
+        for k in ks:
+            r = proj["by_envs_per_worker"][k]["rows"][i]
+            cells.append(f"{r['steps_per_s']:,.0f} ({'L' if r['bound'] == 'learner' else 'e'})")
+        print(f"| {w} | " + " | ".join(cells) + " |")
+    for k in ks:
+        crossing = proj["by_envs_per_worker"][k]["learner_bound_from_workers"]
+        print(f"{k} envs/worker: " + (f"the learner is the bottleneck from {crossing} workers"
+                                      if crossing else "the environments stay the bottleneck "
+                                      f"up to {max(args.project)} workers"))
     return 0
 
 
