@@ -53,7 +53,7 @@ class Args:
 
 
 def run_arena(args: Args, ray: bool) -> tuple[dict, float]:
-    from agents.evaluate import evaluate
+    from agents.arena import evaluate
 
     t0 = time.perf_counter()
     res = evaluate([args.trace], [c for c in args.controllers.split(",") if c],

@@ -37,7 +37,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import tyro
@@ -64,16 +63,6 @@ class Args:
     """print one JSON object"""
 
 
-def make_env(episode_s: float = 120.0):
-    """One monitored training environment on the embedded trace (train.py's defaults)."""
-    import gymnasium as gym
-    from stable_baselines3.common.monitor import Monitor
-
-    import env
-
-    return Monitor(gym.make(env.ENV_ID, trace="synthetic", episode_s=episode_s))
-
-
 def time_ray_call(venv, calls: int = 200) -> float:
     """Round trip of a no-op call to one environment actor."""
     ray = venv._ray
@@ -93,9 +82,13 @@ def time_ppo(args: Args, workers: int) -> dict:
     from stable_baselines3.common.vec_env import VecNormalize
 
     from agents.ray_vec_env import RayVecEnv
+    from train import Config, make_env_thunks
 
     n_envs = workers * args.envs_per_worker
-    venv = RayVecEnv([partial(make_env)] * n_envs, n_workers=workers)
+    # train.py's environment copies (default preset: the embedded trace, 120 s episodes)
+    cfg = Config()
+    venv = RayVecEnv(make_env_thunks(cfg, [(cfg.trace, (cfg.rate_scale_min, cfg.rate_scale_max))],
+                                     n_envs), n_workers=workers)
     rtt = time_ray_call(venv)
     venv.seed(0)
     norm = VecNormalize(venv, norm_obs=True, norm_reward=True, clip_obs=10.0, gamma=0.98)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.evaluate import EvalSpec
+from agents.registry import EvalSpec
 from env.traces import bursty
 
 KNOB_SETTINGS = [(5.0, 512, 0.5), (5.0, 2048, 0.9), (60.0, 8192, 0.7), (20.0, 256, 0.95)]
@@ -29,7 +29,7 @@ def grid_jobs(trace_path: str) -> list[tuple]:
 
 
 def arena_jobs(trace_path: str) -> list[tuple]:
-    """Arena row jobs (``agents.evaluate._row_job``): three controllers at two loads."""
+    """Arena row jobs (``agents.arena._row_job``): three controllers at two loads."""
     spec = EvalSpec(trace_path, "all", None, 0.25)
     return [(spec, c, s, False) for c in ("static", "pid", "aimd") for s in SCALES]
 

@@ -16,8 +16,8 @@ import pytest
 ray = pytest.importorskip("ray")
 ROOT = Path(__file__).resolve().parents[1]
 
+from agents.arena import _row_job  # noqa: E402
 from agents.controllers.best_static import _score  # noqa: E402
-from agents.evaluate import _row_job  # noqa: E402
 from agents.parallel import JobRunner, run_jobs  # noqa: E402
 from tests.parallel_jobs import (  # noqa: E402
     arena_jobs,
@@ -57,15 +57,6 @@ def test_a_failing_ray_task_raises_its_own_error(local_ray, tmp_path):
                  progress=False)
 
 
-def make_serving_env(episode_s: float):
-    import gymnasium as gym
-    from stable_baselines3.common.monitor import Monitor
-
-    import env
-
-    return Monitor(gym.make(env.ENV_ID, trace="synthetic", episode_s=episode_s))
-
-
 def rollout(venv, actions: np.ndarray) -> dict[str, list]:
     """Seeded reset, then the given actions; everything a learner sees."""
     venv.seed(7)
@@ -90,8 +81,10 @@ def test_ray_vec_env_sees_what_dummy_and_subproc_vec_envs_see(local_ray):
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     from agents.ray_vec_env import RayVecEnv
+    from train import make_env
 
-    fns = [partial(make_serving_env, 3.0)] * 3  # 12 intervals an episode: resets within 30 steps
+    # 12 intervals an episode: every copy resets within the 30 steps
+    fns = [partial(make_env, "synthetic", (0.5, 2.5), {"episode_s": 3.0})] * 3
     actions = np.random.default_rng(0).uniform(-1, 1, size=(30, 3, 3)).astype(np.float32)
     dummy = rollout(DummyVecEnv(fns), actions)
     subproc = rollout(SubprocVecEnv(fns), actions)
