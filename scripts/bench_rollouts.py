@@ -22,12 +22,15 @@ Projection to W workers of k environments, n steps each per rollout, from these 
     update(W)  = u * W * k * n                        u: measured update seconds per sample
     throughput(W) = W * k * n / (rollout(W) + update(W))
 
-``learner_step(W)``, the learner's own time per step (policy forward on W*k observations, W
-round trips, stacking), is fitted as ``a + b * W`` to the measured rollouts minus the slowest
-worker's stepping. The learner is the bottleneck from the W where its time per iteration (``n *
-learner_step(W) + update(W)``) exceeds the workers' (``n * k * env``); throughput then tends to
-``1 / u`` samples per second whatever the number of workers. On a shared machine the measured
-rates vary run to run: read the ratios, and rerun for the absolute numbers.
+``learner_step(W)``, the learner's own time per step, is the policy's forward pass on W*k
+observations (timed on the learner for every batch size projected), plus one measured Ray round
+trip per worker (an upper bound: the learner waits for the W answers together, but sends and
+unpacks them one by one), plus the rest of its per-step work (normalisation, the rollout buffer,
+callbacks: what the 1-worker rollout took beyond these, held constant). The learner is the
+bottleneck from the W where its time per iteration (``n * learner_step(W) + update(W)``)
+exceeds the workers' (``n * k * env``); throughput then tends to ``1 / u`` samples per second
+whatever the number of workers. On a shared machine the measured rates vary run to run: read
+the ratios, and rerun for the absolute numbers.
 """
 
 from __future__ import annotations
@@ -74,6 +77,27 @@ def time_ray_call(venv, calls: int = 200) -> float:
     return (time.perf_counter() - t0) / calls
 
 
+def time_forward(model, args: Args, repeats: int = 30) -> dict[int, float]:
+    """The learner's forward pass per rollout step (actions, values, log-probabilities, as
+    collect_rollouts calls it) on a batch of every size the projection needs: median seconds."""
+    import torch
+
+    sizes = sorted({w * k for w in args.project for k in args.project_envs_per_worker})
+    rng = np.random.default_rng(0)
+    out = {}
+    for b in sizes:
+        obs = torch.as_tensor(rng.standard_normal((b, *model.observation_space.shape)),
+                              dtype=torch.float32)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                model.policy(obs)
+            times.append(time.perf_counter() - t0)
+        out[b] = float(np.median(times))
+    return out
+
+
 def time_ppo(args: Args, workers: int) -> dict:
     """PPO on a RayVecEnv of ``workers`` workers: rollout and update seconds per iteration."""
     import torch
@@ -117,6 +141,7 @@ def time_ppo(args: Args, workers: int) -> dict:
 
     model.learn(total_timesteps=args.iterations * n_envs * args.n_steps, callback=Marks())
     norm.close()
+    forward = time_forward(model, args) if workers == 1 else {}
     starts = [t for k, t in marks if k == "start"]
     ends = [t for k, t in marks if k == "end"]
     rollouts = [e - s for s, e in zip(starts, ends)][1:]  # the first is a warm-up
@@ -124,7 +149,7 @@ def time_ppo(args: Args, workers: int) -> dict:
     # the slowest worker's stepping in each rollout (pairs of readings at its start and end)
     slowest = [max(np.subtract(stepping[i + 1], stepping[i])) for i in range(0, len(stepping), 2)]
     samples = n_envs * args.n_steps
-    return {"workers": workers, "envs": n_envs, "ray_call_s": rtt,
+    return {"workers": workers, "envs": n_envs, "ray_call_s": rtt, "forward_s": forward,
             "rollout_s": float(np.mean(rollouts)), "update_s": float(np.mean(updates)),
             "worker_stepping_s": float(np.mean(slowest[1:])),
             "rollout_steps_per_s": samples / float(np.mean(rollouts)),
@@ -135,27 +160,30 @@ def project(args: Args, runs: list[dict]) -> dict:
     """The projection of the module docstring from the measured figures, for each number of
     environments per worker in ``args.project_envs_per_worker``."""
     k0, n = args.envs_per_worker, args.n_steps
-    env_s = runs[0]["worker_stepping_s"] / (n * k0)
-    # the learner's own time per step: what the rollout took beyond the slowest worker's stepping
-    learner_step = {r["workers"]: (r["rollout_s"] - r["worker_stepping_s"]) / n for r in runs}
-    ws = sorted(learner_step)
-    b = ((learner_step[ws[-1]] - learner_step[ws[0]]) / (ws[-1] - ws[0])) if len(ws) > 1 else 0.0
-    b = max(b, 0.0)
-    a = learner_step[ws[0]] - b * ws[0]
+    one = runs[0]
+    env_s = one["worker_stepping_s"] / (n * k0)
+    rtt = one["ray_call_s"]
     u = float(np.mean([r["update_s"] / (r["envs"] * n) for r in runs]))
+    # the rest of the learner's time per step with 1 worker (normalisation, the rollout buffer,
+    # callbacks), measured as what the rollout took beyond the stepping, the forward pass and the
+    # round trip; taken as a constant per step
+    rest = max(0.0, (one["rollout_s"] - one["worker_stepping_s"]) / n - one["forward_s"][k0]
+               - rtt)
     tables = {}
     for k in args.project_envs_per_worker:
         rows = []
         for w in args.project:
             workers_s = n * k * env_s
-            learner_s = n * (a + b * w) + u * w * k * n
+            learner_s = n * (rest + one["forward_s"][w * k] + w * rtt) + u * w * k * n
             rows.append({"workers": w, "steps_per_s": w * k * n / (workers_s + learner_s),
                          "workers_s": workers_s, "learner_s": learner_s,
                          "bound": "learner" if learner_s > workers_s else "environments"})
         crossing = next((r["workers"] for r in rows if r["bound"] == "learner"), None)
         tables[k] = {"rows": rows, "learner_bound_from_workers": crossing}
-    return {"env_step_s": env_s, "learner_step_s": {"a": a, "b": b}, "update_s_per_sample": u,
-            "learner_limit_steps_per_s": 1.0 / u, "by_envs_per_worker": tables}
+    return {"env_step_s": env_s, "ray_call_s": rtt, "learner_rest_s": rest,
+            "update_s_per_sample": u,
+            "forward_s": one["forward_s"], "learner_limit_steps_per_s": 1.0 / u,
+            "by_envs_per_worker": tables}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n2 workers / 1 worker: rollout "
           f"{two['rollout_steps_per_s'] / one['rollout_steps_per_s']:.2f}x, "
           f"overall {two['steps_per_s'] / one['steps_per_s']:.2f}x\n")
-    ls = proj["learner_step_s"]
-    print(f"projection: learner per step {ls['a'] * 1e3:.3f} + {ls['b'] * 1e3:.3f} ms x workers; "
+    fwd = proj["forward_s"]
+    print(f"projection: learner per step = forward pass ({fwd[min(fwd)] * 1e3:.2f} ms on "
+          f"{min(fwd)} observations .. {fwd[max(fwd)] * 1e3:.2f} ms on {max(fwd)}) + one Ray "
+          f"round trip per worker + {proj['learner_rest_s'] * 1e3:.2f} ms of the rest; "
           f"update {proj['update_s_per_sample'] * 1e6:.1f} us/sample "
           f"(the learner's limit: {proj['learner_limit_steps_per_s']:,.0f} steps/s)")
     ks = list(proj["by_envs_per_worker"])
