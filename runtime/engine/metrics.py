@@ -51,6 +51,24 @@ class IntervalStats:
     decode_tokens: int = 0
     busy_s: float = 0.0
     resize_s: float = 0.0
+    batch_met: int = 0
+    """of ``met``: batch requests finished by their deadline"""
+    batch_violations: int = 0
+    """of ``violations``: batch requests whose deadline passed unfinished, or that were dropped"""
+    batch_goodput_tokens: int = 0
+    """prompt + output tokens of the batch requests finished by their deadline"""
+    shed: int = 0
+    """interactive requests rejected as ``shed`` by deadline-aware admission"""
+    expired: int = 0
+    """batch requests rejected as ``expired`` (deadline passed before admission)"""
+    late: int = 0
+    """interactive requests moved behind on-time ones (policy ``late_to_back``)"""
+    kv_gib_s: float = 0.0
+    """GiB-seconds of KV pool held over the interval"""
+    cotenant_demand_gib_s: float = 0.0
+    """GiB-seconds the co-tenant wanted over the interval (0 without one)"""
+    cotenant_served_gib_s: float = 0.0
+    """GiB-seconds of that demand that the memory left by the engine served"""
     ttft_ratios: list[float] = field(default_factory=list)
     """TTFT over its class target, for every first token of the interval"""
     tpot_ratios: list[float] = field(default_factory=list)
@@ -63,7 +81,15 @@ class IntervalStats:
     kv_fragmentation: float = 0.0
     kv_blocks: int = 0
     oldest_wait_ratio: float = 0.0
-    """age of the oldest request still without a first token, over its TTFT target"""
+    """age of the oldest interactive request still without a first token, over its TTFT
+    target"""
+    batch_waiting: int = 0
+    """of ``waiting``: batch requests"""
+    batch_running: int = 0
+    """of ``running``: batch requests"""
+    batch_backlog_tokens: int = 0
+    """tokens the batch requests in the engine (waiting or running) still have to compute,
+    outputs counted at their full length"""
 
     @property
     def duration_s(self) -> float:
@@ -90,6 +116,18 @@ class IntervalStats:
         """Met over (met + certain violations) in the interval; 1.0 when nothing was decided."""
         decided = self.met + self.violations
         return self.met / decided if decided else 1.0
+
+    @property
+    def interactive_attainment(self) -> float:
+        """:attr:`slo_attainment` over the interactive classes alone."""
+        met = self.met - self.batch_met
+        decided = met + self.violations - self.batch_violations
+        return met / decided if decided else 1.0
+
+    @property
+    def mean_kv_gib(self) -> float:
+        d = self.duration_s
+        return self.kv_gib_s / d if d > 0 else 0.0
 
     @property
     def ttft_p99_ratio(self) -> float:
@@ -122,31 +160,66 @@ class RunSummary:
     ooms: int
     iterations: int
     sim_seconds: float
+    interactive_requests: int = 0
+    interactive_attainment: float = 1.0
+    """met / (finished + rejected) over the interactive classes, aborted excluded"""
+    batch_requests: int = 0
+    batch_met: int = 0
+    """batch requests finished by their deadline"""
+    batch_goodput_tps: float = 0.0
+    """prompt + output tokens of batch requests finished by their deadline, per second"""
+    batch_unfinished: int = 0
+    """batch requests still in flight (waiting or running) at the end: the backlog"""
+    late: int = 0
+    """interactive requests moved behind on-time ones (admission ``late_to_back``)"""
+    mean_kv_gib: float = 0.0
+    """the KV pool's size, averaged over the run"""
+    cotenant_served_share: float = 1.0
+    """served / demanded GiB-seconds of the co-tenant (1 without one)"""
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
 def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int, ooms: int,
-              iterations: int) -> RunSummary:
+              iterations: int, kv_gib_s: float = 0.0,
+              cotenant_gib_s: tuple[float, float] = (0.0, 0.0)) -> RunSummary:
+    """The run's figures. TTFT and TPOT percentiles are over interactive requests (a batch
+    request's are not judged); ``cotenant_gib_s`` is (served, demanded)."""
     ttfts, tpots = [], []
     n = finished = rejected = met = 0
+    n_batch = batch_met = batch_decided = batch_tokens = batch_open = late = 0
     reasons: dict[str, int] = {}
     for r in requests:
         n += 1
+        late += r.is_late
+        batch = r.is_batch
+        n_batch += batch
         if r.status == Status.FINISHED:
             assert r.first_token_s is not None and r.finish_s is not None
             finished += 1
+            ok = r.meets_slo()
+            met += ok
+            if batch:
+                batch_decided += 1
+                if ok:
+                    batch_met += 1
+                    batch_tokens += r.prompt_tokens + r.output_tokens
+                continue
             ttfts.append(r.first_token_s - r.arrival_s)
             if r.output_tokens >= 2:
                 tpots.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1))
-            met += r.meets_slo()
         elif r.status == Status.REJECTED:
             assert r.reject_reason is not None
             reasons[r.reject_reason.value] = reasons.get(r.reject_reason.value, 0) + 1
             if r.reject_reason != RejectReason.ABORTED:
                 rejected += 1
+                batch_decided += batch
+        else:
+            batch_open += batch
     decided = finished + rejected
+    i_met, i_decided = met - batch_met, decided - batch_decided
+    served, demanded = cotenant_gib_s
     return RunSummary(
         requests=n, finished=finished, rejected=rejected, rejected_by_reason=reasons, met=met,
         slo_attainment=met / decided if decided else 1.0,
@@ -157,6 +230,13 @@ def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int,
         tpot_p50_s=percentile(tpots, 50), tpot_p90_s=percentile(tpots, 90),
         tpot_p99_s=percentile(tpots, 99),
         preemptions=preemptions, ooms=ooms, iterations=iterations, sim_seconds=sim_seconds,
+        interactive_requests=n - n_batch,
+        interactive_attainment=i_met / i_decided if i_decided else 1.0,
+        batch_requests=n_batch, batch_met=batch_met,
+        batch_goodput_tps=batch_tokens / sim_seconds if sim_seconds > 0 else 0.0,
+        batch_unfinished=batch_open, late=late,
+        mean_kv_gib=kv_gib_s / sim_seconds if sim_seconds > 0 else 0.0,
+        cotenant_served_share=served / demanded if demanded > 0 else 1.0,
     )
 
 
