@@ -205,7 +205,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
              part: str = "eval", interval_s: float = DEFAULT_INTERVAL_S,
              profile_path: str | None = None, config: EngineConfig | None = None,
              capacity: bool = True, workers: int = 2, ray: bool | None = None,
-             progress: bool = True, match_static: float | None = None) -> dict:
+             progress: bool = True, match_static: float | None = None,
+             tuning_scales: tuple[float, ...] | None = None) -> dict:
     """Run the arena; returns ``{"rows": [...], "capacity": [...], "static_match": [...]}``.
 
     Rows and capacity bisections run in parallel through :class:`agents.parallel.JobRunner`:
@@ -216,7 +217,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
         ``"matched_static": True``
     """
     config = config or EngineConfig()
-    specs = {t: EvalSpec(t, part, profile_path, interval_s, config) for t in traces}
+    specs = {t: EvalSpec(t, part, profile_path, interval_s, config, tuning_scales=tuning_scales)
+             for t in traces}
     for t in traces:  # resolve names and warm the best-static cache before fanning out
         resolve_trace(t)
         if "best-static" in controllers:

@@ -25,6 +25,9 @@ class Trace:
     """where it came from: a file path, or the generator and its parameters"""
     skipped: dict[str, int] = field(default_factory=dict)
     """rows skipped by rule when it was read, by reason (never dropped silently)"""
+    timestamp_step_s: float = 0.0
+    """the step its timestamps come in when the file quantised them (Mooncake's conversation
+    trace: 3 s); 0 when they are not quantised (or were spread, see ``transforms.jitter``)"""
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -56,7 +59,8 @@ class Trace:
                      prompt_tokens=self.prompt_tokens[mask_or_index],
                      output_tokens=self.output_tokens[mask_or_index],
                      slo_class=self.slo_class[mask_or_index],
-                     source=source or self.source, skipped=dict(self.skipped))
+                     source=source or self.source, skipped=dict(self.skipped),
+                     timestamp_step_s=self.timestamp_step_s)
 
     def peak_requests_in(self, window_s: float) -> int:
         """The most requests whose arrivals fall in any window ``[t, t + window_s)`` (seconds).
