@@ -40,13 +40,18 @@ from dataclasses import dataclass, field
 
 from runtime.engine.block_pool import BlockPool
 from runtime.engine.executor import Batch, Executor
-from runtime.engine.metrics import IntervalStats, RunSummary, summarize
+from runtime.engine.metrics import IntervalStats, RunSummary, SummaryAccumulator
 from runtime.engine.request import RejectReason, Request, Status
 from runtime.engine.slo import DEFAULT_SLO_CLASS, DEFAULT_SLO_CLASSES, SloTarget
 from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, Knobs
 
 _FIRST_TOKEN = 0  # violation-deadline kinds in the deadline heap
 _FINISH = 1
+
+MAX_ARRIVAL_S = 1e10
+"""The latest arrival the engine accepts, in seconds (about 317 years). float64 still resolves
+a microsecond there (an iteration's time must not vanish in rounding, or time would stop);
+a Unix-epoch timestamp (1.7e9 s) fits, 1e300 does not."""
 
 
 @dataclass
@@ -62,6 +67,10 @@ class EngineConfig:
     default_slo_class: str = DEFAULT_SLO_CLASS
     fast_path: bool = True
     """advance decode-only stretches in closed form when the executor allows it"""
+    keep_requests: bool = True
+    """keep every request in ``Engine.requests`` after it ends (tests and per-request reports);
+    False drops finished and rejected ones, so a long-running serving loop's memory stays
+    bounded (the run summary is exact either way)"""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -100,6 +109,9 @@ class Engine:
                 f"of prefill ({self.memory.activation_bytes(self.block_size)} bytes)")
 
         self.requests: list[Request] = []
+        """every request added (``config.keep_requests``), or those not yet ended"""
+        self._num_added = 0
+        self._ended = SummaryAccumulator()  # the run summary's inputs, one entry per ended request
         self._pending: list[Request] = []  # not yet arrived, sorted by arrival
         self._next_pending = 0
         self.waiting: deque[Request] = deque()
@@ -114,6 +126,7 @@ class Engine:
         self.num_iterations = 0
         self.num_fast_stretches = 0
         self._interval = IntervalStats(start_s=0.0)
+        self._num_dropped = 0  # ended requests still in ``requests`` (keep_requests=False)
 
     # ------------------------------------------------------------------ workload
     def add_requests(self, arrival_s: Sequence[float], prompt_tokens: Sequence[int],
@@ -127,13 +140,16 @@ class Engine:
         classes = self.config.slo_classes
         default = self.config.default_slo_class
         last = self._pending[-1].arrival_s if len(self._pending) > self._next_pending else self.now
-        base_id = len(self.requests)
+        base_id = self._num_added
         new = []
         for i in range(n):
             t = float(arrival_s[i])
             if not t >= last:
                 raise ValueError(f"request {i}: arrival {t} is before {last} (arrivals must be "
                                  "sorted and not in the engine's past)")
+            if not t <= MAX_ARRIVAL_S:
+                raise ValueError(f"request {i}: arrival {t:g} s is past the engine's limit of "
+                                 f"{MAX_ARRIVAL_S:g} s (MAX_ARRIVAL_S)")
             last = t
             cls = default if slo_class is None else str(slo_class[i])
             target = classes.get(cls)
@@ -142,6 +158,7 @@ class Engine:
                                  f"(known: {sorted(classes)})")
             new.append(Request(base_id + i, t, int(prompt_tokens[i]), int(output_tokens[i]), cls,
                                target.ttft_s, target.tpot_s))
+        self._num_added += n
         self.requests.extend(new)
         self._pending.extend(new)
 
@@ -186,10 +203,20 @@ class Engine:
                 self._next_pending = 0
 
     # ------------------------------------------------------------------ outcomes
+    def _ended_request(self, r: Request) -> None:
+        """Account for a request that just ended, and drop it unless every request is kept."""
+        self._ended.add(r)
+        if not self.config.keep_requests:
+            self._num_dropped += 1
+            if self._num_dropped > 1024 and self._num_dropped * 2 > len(self.requests):
+                self.requests = [q for q in self.requests if q.status < Status.FINISHED]
+                self._num_dropped = 0
+
     def _reject(self, r: Request, reason: RejectReason) -> None:
         r.status = Status.REJECTED
         r.reject_reason = reason
         r.finish_s = self.now
+        self._ended_request(r)
         if reason != RejectReason.ABORTED:
             self._interval.rejected += 1
             if not r.violation_counted:
@@ -201,6 +228,7 @@ class Engine:
         r.finish_s = self.now
         self.pool.free(r.block_ids)
         r.block_ids = []
+        self._ended_request(r)
         iv = self._interval
         iv.finished += 1
         if r.output_tokens >= 2:
@@ -543,7 +571,10 @@ class Engine:
     def run_to_completion(self, max_time_s: float = math.inf) -> None:
         """Run until every request has finished or been rejected (or ``max_time_s``)."""
         while self.has_work() and self.now < max_time_s:
-            self.run_until(min(self.now + 60.0, max_time_s))
+            t = self.now + 60.0
+            if not self.waiting and not self.running:
+                t = max(t, self._next_arrival_s())  # idle: jump straight to the next arrival
+            self.run_until(min(t, max_time_s))
 
     def abort_all(self, reason: RejectReason = RejectReason.ABORTED) -> int:
         """End every request in flight (waiting, running or not yet arrived) with ``reason``."""
@@ -600,8 +631,8 @@ class Engine:
         return (self.now - oldest.arrival_s) / oldest.ttft_target_s
 
     def summary(self) -> RunSummary:
-        return summarize(self.requests, self.now, self.num_preemptions, self.num_ooms,
-                         self.num_iterations)
+        return self._ended.summary(self._num_added, self.now, self.num_preemptions,
+                                   self.num_ooms, self.num_iterations)
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (for tests and debugging)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -127,35 +128,65 @@ class RunSummary:
         return dict(self.__dict__)
 
 
+class SummaryAccumulator:
+    """What a run summary needs from the requests that ended, taken as each one ends, so that the
+    engine can drop ended requests and still summarise the run exactly: the counts, and each
+    finished request's TTFT and TPOT (8 bytes each, in compact arrays, for exact percentiles)."""
+
+    __slots__ = ("finished", "rejected", "met", "reasons", "ttfts", "tpots")
+
+    def __init__(self) -> None:
+        self.finished = 0
+        self.rejected = 0
+        """rejections that count against attainment (aborted ones do not)"""
+        self.met = 0
+        self.reasons: dict[str, int] = {}
+        self.ttfts = array("d")
+        self.tpots = array("d")
+
+    def add(self, r: Request) -> None:
+        """Account for ``r``, which has just finished or been rejected."""
+        if r.status == Status.FINISHED:
+            self.finished += 1
+            self.ttfts.append(r.first_token_s - r.arrival_s)
+            if r.output_tokens >= 2:
+                self.tpots.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1))
+            self.met += r.meets_slo()
+        elif r.status == Status.REJECTED:
+            reason = r.reject_reason.value
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
+            if r.reject_reason != RejectReason.ABORTED:
+                self.rejected += 1
+
+    def summary(self, num_requests: int, sim_seconds: float, preemptions: int, ooms: int,
+                iterations: int) -> RunSummary:
+        """The run summary, ``num_requests`` counting those still in flight too."""
+        met, finished = self.met, self.finished
+        decided = finished + self.rejected
+        ttfts, tpots = self.ttfts, self.tpots
+        return RunSummary(
+            requests=num_requests, finished=finished, rejected=self.rejected,
+            rejected_by_reason=dict(self.reasons), met=met,
+            slo_attainment=met / decided if decided else 1.0,
+            goodput_rps=met / sim_seconds if sim_seconds > 0 else 0.0,
+            throughput_rps=finished / sim_seconds if sim_seconds > 0 else 0.0,
+            ttft_p50_s=percentile(ttfts, 50), ttft_p90_s=percentile(ttfts, 90),
+            ttft_p99_s=percentile(ttfts, 99),
+            tpot_p50_s=percentile(tpots, 50), tpot_p90_s=percentile(tpots, 90),
+            tpot_p99_s=percentile(tpots, 99),
+            preemptions=preemptions, ooms=ooms, iterations=iterations, sim_seconds=sim_seconds,
+        )
+
+
 def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int, ooms: int,
               iterations: int) -> RunSummary:
-    ttfts, tpots = [], []
-    n = finished = rejected = met = 0
-    reasons: dict[str, int] = {}
+    """The run summary of ``requests`` (those still in flight count in ``requests`` only)."""
+    acc = SummaryAccumulator()
+    n = 0
     for r in requests:
         n += 1
-        if r.status == Status.FINISHED:
-            finished += 1
-            ttfts.append(r.first_token_s - r.arrival_s)
-            if r.output_tokens >= 2:
-                tpots.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1))
-            met += r.meets_slo()
-        elif r.status == Status.REJECTED:
-            reasons[r.reject_reason.value] = reasons.get(r.reject_reason.value, 0) + 1
-            if r.reject_reason != RejectReason.ABORTED:
-                rejected += 1
-    decided = finished + rejected
-    return RunSummary(
-        requests=n, finished=finished, rejected=rejected, rejected_by_reason=reasons, met=met,
-        slo_attainment=met / decided if decided else 1.0,
-        goodput_rps=met / sim_seconds if sim_seconds > 0 else 0.0,
-        throughput_rps=finished / sim_seconds if sim_seconds > 0 else 0.0,
-        ttft_p50_s=percentile(ttfts, 50), ttft_p90_s=percentile(ttfts, 90),
-        ttft_p99_s=percentile(ttfts, 99),
-        tpot_p50_s=percentile(tpots, 50), tpot_p90_s=percentile(tpots, 90),
-        tpot_p99_s=percentile(tpots, 99),
-        preemptions=preemptions, ooms=ooms, iterations=iterations, sim_seconds=sim_seconds,
-    )
+        acc.add(r)
+    return acc.summary(n, sim_seconds, preemptions, ooms, iterations)
 
 
 def burst_onsets(arrival_rate: Sequence[float], interval_s: float, *, factor: float = 3.0,
