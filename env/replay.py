@@ -44,6 +44,8 @@ def replay(trace: Trace, knobs: Knobs, *, profile: Profile | None = None,
 
     The wall time counts the engine only (building the requests included), not reading the trace.
     """
+    config = config if config is not None else EngineConfig()
+    trace.check_classes(config.slo_classes)
     executor = SimulatedExecutor(profile)
     t0 = time.perf_counter()
     engine = Engine(executor, knobs, config)
