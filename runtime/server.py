@@ -122,9 +122,18 @@ def uvicorn_config(settings: Settings, app: FastAPI | None = None):
                           limit_concurrency=settings.max_concurrency)
 
 
+SWITCH_INTERVAL_S = 0.001
+"""The interpreter's thread switch interval in the server (Python's default is 5 ms): a thread
+parsing a large body hands the GIL back to the event loop within 1 ms, so single decisions wait
+at most that long behind it."""
+
+
 def main() -> None:
+    import sys
+
     import uvicorn
 
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

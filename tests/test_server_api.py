@@ -208,10 +208,12 @@ _SHAPE = ["body"]
 
 @pytest.mark.parametrize("path, body, status, first", [
     ("/v1/decide/batch", {"observations": [{}] * 4096}, 422, _SHAPE),
-    ("/v1/decide/batch", _valid_then({k: "x" for k in OBSERVATION_NAMES}), 422,
+    ("/v1/decide/batch", _valid_then({k: "x" for k in OBSERVATION_NAMES}), 422, _SHAPE),
+    ("/v1/decide/batch", _valid_then({f"k{i}": 0 for i in range(20)}), 422, _SHAPE),
+    ("/v1/decide/batch", _valid_then({k: -1 for k in OBSERVATION_NAMES}), 422,
      ["body", "observations", 40, "arrival_rate_rps"]),
-    ("/v1/decide/batch", _valid_then({f"k{i}": 0 for i in range(20)}), 422,
-     ["body", "observations", 40, "arrival_rate_rps"]),
+    ("/v1/decide/batch", {"observations": [raw_fields(), dict.fromkeys(OBSERVATION_NAMES, "x")]},
+     422, ["body", "observations", 1, "arrival_rate_rps"]),
     ("/v1/decide/batch", _valid_then({f"k{i}": 0 for i in range(40)}), 422, _SHAPE),
     ("/v1/decide/batch",
      {"observations": [raw_fields()], **{f"x{i}": 0 for i in range(300_000)}}, 422, _SHAPE),
@@ -242,6 +244,16 @@ def test_a_body_that_cannot_be_valid_is_refused_before_it_is_parsed(client):
     assert r.json()["detail"][0]["msg"] == (
         "cannot be an observation: 1 objects with 21 keys in all, where each observation is an "
         "object of exactly 20 fields")
+    strings = {"observations": [dict.fromkeys(OBSERVATION_NAMES, "x")] * 4096}
+    r = client.post("/v1/decide/batch", json=strings)
+    assert r.json()["detail"][0]["msg"] == (
+        "cannot be observations: it quotes more than its keys, where every value is a number")
+    last = {("y" if k == "ooms" else k): v for k, v in raw_fields().items()}
+    renamed = {"observations": [raw_fields()] * 4095 + [last]}
+    r = client.post("/v1/decide/batch", json=renamed)
+    assert r.json()["detail"][0]["msg"] == (
+        'cannot be observations: "ooms" occurs 4095 times for 4096 objects, where each '
+        "observation has each field once")
 
 
 @pytest.mark.parametrize("path", ["/v1/decide", "/v1/decide/batch"])
