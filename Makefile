@@ -1,39 +1,57 @@
 # The two commands (see README.md): `make train` runs the main job, `make test` the tests.
-# Each creates the virtual environment it needs on first use.
+# Each creates the virtual environment it needs on first use: .venv holds everything
+# (`.[cpu,train,dev]`), .venv-runtime the runtime alone (`.[cpu,dev]`: no torch, gymnasium, SB3),
+# where the runtime's tests run a second time to show that they need nothing more.
 PYTHON ?= python3
 VENV ?= .venv
+RUNTIME_VENV ?= .venv-runtime
 PY := $(VENV)/bin/python
+RPY := $(RUNTIME_VENV)/bin/python
 STAMP := $(VENV)/.installed
+RSTAMP := $(RUNTIME_VENV)/.installed
 
-.PHONY: train test replay evaluate serve bench lint clean
+.PHONY: train test test-runtime typecheck replay evaluate serve bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch is pinned to the CPU build on disk; see pyproject.toml
-	$(PY) -m pip install --quiet -e ".[train,dev]"
+	$(PY) -m pip install --quiet -e ".[cpu,train,dev]"
 	touch $(STAMP)
+
+$(RSTAMP): pyproject.toml
+	$(PYTHON) -m venv $(RUNTIME_VENV)
+	$(RPY) -m pip install --quiet --upgrade pip
+	$(RPY) -m pip install --quiet -e ".[cpu,dev]"
+	touch $(RSTAMP)
 
 train: $(STAMP)
 	$(PY) train.py --preset default
 
-test: $(STAMP)
+test: $(STAMP) typecheck test-runtime
 	$(PY) -m pytest -q
 
+test-runtime: $(RSTAMP)
+	$(RPY) -m pytest -q -m "not slow"
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
 replay: $(STAMP)
-	$(PY) scripts/replay.py --trace synthetic
+	$(VENV)/bin/batchpilot-replay --trace synthetic
 
 evaluate: $(STAMP)
-	$(PY) -m agents.evaluate --trace azure-conv,azure-code --split eval
+	$(VENV)/bin/batchpilot-evaluate --trace azure-conv,azure-code --split eval
 
 serve: $(STAMP)
-	$(PY) -m runtime.server
+	$(VENV)/bin/batchpilot-serve
 
 bench: $(STAMP)
-	$(PY) scripts/bench_engine.py && $(PY) scripts/bench_env.py && $(PY) scripts/bench_decider.py
+	$(VENV)/bin/batchpilot-bench-engine && $(VENV)/bin/batchpilot-bench-env && \
+		$(VENV)/bin/batchpilot-bench-decider
 
 lint: $(STAMP)
 	$(PY) -m ruff check runtime env agents scripts tests train.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(RUNTIME_VENV) .pytest_cache .hypothesis .mypy_cache

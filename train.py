@@ -3,6 +3,7 @@
     python train.py                      # the default preset on the embedded synthetic trace
     python train.py --preset smoke       # under a minute, for a quick check
     python train.py --preset full --trace azure-conv,azure-code
+    batchpilot-train --help              # the same, installed (every Config field is a flag)
 
 Reads top to bottom: config, seeding, environments, PPO, training with periodic evaluation
 against the baselines on held-out windows (keeping the best model), ONNX export checked against
@@ -21,14 +22,17 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
+import tyro
 
 
 @dataclass
 class Config:
-    preset: str = "default"
+    preset: Literal["smoke", "default", "full"] = "default"
     """smoke (under a minute) | default (under 15 minutes on 2 cores) | full (as long as it
     takes); a preset sets the fields below that the command line does not"""
     trace: str = "synthetic"
@@ -41,7 +45,7 @@ class Config:
     """environment steps (decision intervals) to train for"""
     n_envs: int = 4
     """parallel environment copies"""
-    vec_env: str = "subproc"
+    vec_env: Literal["subproc", "dummy"] = "subproc"
     """subproc (one process per copy) or dummy (all in this process)"""
     n_steps: int = 512
     """steps per environment per rollout"""
@@ -105,7 +109,7 @@ class Config:
     """the run folder is created under this"""
     run_name: str = ""
     """name of the run (default: batchpilot-<preset>-<date>-<seed>)"""
-    wandb_mode: str = "auto"
+    wandb_mode: Literal["online", "offline", "disabled", "auto"] = "auto"
     """online | offline | disabled | auto (online if an API key is configured, else offline)"""
     wandb_project: str = "batchpilot"
     """Weights & Biases project"""
@@ -126,63 +130,28 @@ PRESETS: dict[str, dict] = {
 
 
 def parse_config(argv: list[str] | None = None) -> Config:
-    """Every field of :class:`Config` is a flag (``--total-timesteps 1000``); the preset fills
-    the fields the command line does not set."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    docs = _field_docs()
-    for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            ap.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=None,
-                            help=docs.get(f.name))
-        elif f.type.startswith("tuple"):
-            ap.add_argument(flag, type=str, default=None, help=f"{docs.get(f.name)} (comma-sep.)")
-        else:
-            ap.add_argument(flag, type=str, default=None, help=docs.get(f.name))
-    args = ap.parse_args(argv)
-    preset = args.preset or Config.preset
+    """Every field of :class:`Config` is a flag (``--total-timesteps 1000``, ``--init-at-default
+    False``); the preset fills the fields the command line does not set. A bad value exits with
+    status 2 and a message naming the flag."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", default=Config.preset)
+    preset = pre.parse_known_args(argv)[0].preset
     if preset not in PRESETS:
-        ap.error(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
-    values = dict(PRESETS[preset])
-    for f in dataclasses.fields(Config):
-        raw = getattr(args, f.name)
-        if raw is None:
-            continue
-        if f.type.startswith("tuple"):
-            cast = int if "int" in f.type else float
-            values[f.name] = tuple(cast(x) for x in str(raw).split(",") if x.strip())
-        elif f.type in ("int", "float"):
-            try:
-                values[f.name] = (int if f.type == "int" else float)(raw)
-            except ValueError:
-                ap.error(f"--{f.name.replace('_', '-')} expects a number, got {raw!r}")
-        else:
-            values[f.name] = raw
-    values["preset"] = preset
-    cfg = Config(**values)
+        refuse(f"--preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    default = dataclasses.replace(Config(), preset=preset, **PRESETS[preset])
+    cfg = tyro.cli(Config, args=argv, default=default, description=__doc__.splitlines()[0],
+                   config=(tyro.conf.FlagConversionOff,))
     if cfg.n_steps * cfg.n_envs < cfg.batch_size:
-        ap.error(f"n_steps * n_envs ({cfg.n_steps * cfg.n_envs}) must be at least batch_size "
-                 f"({cfg.batch_size})")
-    if cfg.vec_env not in ("subproc", "dummy"):
-        ap.error(f"--vec-env must be subproc or dummy, got {cfg.vec_env!r}")
-    if cfg.wandb_mode not in ("online", "offline", "disabled", "auto"):
-        ap.error(f"--wandb-mode must be online, offline, disabled or auto, got {cfg.wandb_mode!r}")
+        refuse(f"--n-steps * --n-envs ({cfg.n_steps * cfg.n_envs}) must be at least "
+               f"--batch-size ({cfg.batch_size})")
     return cfg
 
 
-def _field_docs() -> dict[str, str]:
-    """The one-line docstring under each Config field, for --help."""
-    import ast
-    import inspect
-
-    tree = ast.parse(inspect.getsource(Config))
-    body = tree.body[0].body
-    docs = {}
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and \
-                isinstance(b.value, ast.Constant):
-            docs[a.target.id] = " ".join(str(b.value.value).split())
-    return docs
+def refuse(message: str) -> None:
+    """Exit as argparse does on a bad flag: the message on stderr, status 2."""
+    print(f"train.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def parse_traces(text: str, default_range: tuple[float, float]) -> list[tuple[str, tuple]]:
@@ -218,85 +187,70 @@ def wandb_mode(requested: str) -> str:
     return "online" if configured else "offline"
 
 
-def main(argv: list[str] | None = None) -> int:
-    cfg = parse_config(argv)
-    t_start = time.time()
+    """``--wandb-mode auto``: online if an API key is configured, else offline."""
+    if requested != "auto":
+        return requested
+    if os.environ.get("WANDB_MODE"):
+        return os.environ["WANDB_MODE"]
+    netrc = Path.home() / ".netrc"
+    configured = os.environ.get("WANDB_API_KEY") or (
+        netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"))
+    return "online" if configured else "offline"
 
-    # heavy imports after argument parsing, so --help is instant; W&B's own banner would
-    # misread this project's `agents` package as OpenAI's Agents SDK, and we print where the
-    # run went ourselves
-    os.environ.setdefault("WANDB_SILENT", "true")
+
+# The steps of a run, in the order main() calls them. The training stack (torch, SB3, W&B) is
+# imported inside them, after the command line is parsed, so that --help and a bad flag answer at
+# once.
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch; one torch thread per process (environments use the rest)."""
     import torch
-    import wandb
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.logger import KVWriter, Logger
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+
+
+def make_env(name: str, scale_range: tuple[float, float], env_kwargs: dict[str, Any]):
+    """One monitored environment copy (built in the subprocess of a SubprocVecEnv)."""
+    import gymnasium as gym
+    from stable_baselines3.common.monitor import Monitor
+
+    import env  # registers the id in the subprocess
+
+    return Monitor(gym.make(env.ENV_ID, trace=name, rate_scale_range=scale_range, **env_kwargs))
+
+
+def make_env_thunks(cfg: Config, trace_ranges: list[tuple[str, tuple]], n: int) -> list:
+    """``n`` environment constructors taking the traces round robin."""
+    env_kwargs = dict(split="train", episode_s=cfg.episode_s, interval_s=cfg.interval_s,
+                      memory_price=cfg.memory_price, violation_weight=cfg.violation_weight,
+                      oom_penalty=cfg.oom_penalty)
+    return [partial(make_env, *trace_ranges[i % len(trace_ranges)], env_kwargs)
+            for i in range(n)]
+
+
+def make_vec_env(cfg: Config, trace_ranges: list[tuple[str, tuple]]):
+    """The normalised vector of training environments."""
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
-    import env as env_pkg
-    from agents.evaluate import EvalSpec, make_controller, markdown_table, plot, run_episode
-    from agents.export import export_policy, stamp_metadata
-    from agents.sb3_controller import SB3PolicyController
-    from env.traces import rate_scale, split, time_window
-    from env.traces.resolve import resolve_trace, trace_label
-    from runtime.engine.profile import Profile
-
-    # ---------------------------------------------------------------- seeding and the run folder
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(1)
-    date = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_name = cfg.run_name or f"batchpilot-{cfg.preset}-{date}-s{cfg.seed}"
-    run_dir = Path(cfg.out_dir) / run_name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    trace_ranges = parse_traces(cfg.trace, (cfg.rate_scale_min, cfg.rate_scale_max))
-    traces = [t for t, _ in trace_ranges]
-    for t in traces:  # fail early, with the reader's message, on a bad trace
-        resolve_trace(t)
-    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
-    print(f"run {run_name}: preset {cfg.preset}, traces {', '.join(traces)}, "
-          f"{cfg.total_timesteps:,} steps on {cfg.n_envs} environments -> {run_dir}")
-
-    # ---------------------------------------------------------------- Weights & Biases
-    mode = wandb_mode(cfg.wandb_mode)
-    wandb_run = wandb.init(project=cfg.wandb_project, name=run_name, mode=mode,
-                           dir=str(run_dir), config=dataclasses.asdict(cfg),
-                           settings=wandb.Settings(silent=True))
-
-    class WandbWriter(KVWriter):
-        """SB3's logger into W&B (losses under train/, rollout stats under rollout/)."""
-
-        def write(self, key_values, key_excluded, step=0):
-            wandb.log({k: v for k, v in key_values.items()
-                       if isinstance(v, (int, float, np.floating, np.integer))}, step=step)
-
-        def close(self):
-            pass
-
-    # ---------------------------------------------------------------- environments
-    env_kwargs = dict(split="train", episode_s=cfg.episode_s,
-                      interval_s=cfg.interval_s, memory_price=cfg.memory_price,
-                      violation_weight=cfg.violation_weight, oom_penalty=cfg.oom_penalty)
-
-    def make_env(rank: int):
-        def thunk():
-            import gymnasium as gym
-            from stable_baselines3.common.monitor import Monitor
-
-            import env  # noqa: F401  (registers the id in the subprocess)
-
-            name, scale_range = trace_ranges[rank % len(trace_ranges)]
-            e = gym.make(env_pkg.ENV_ID, trace=name, rate_scale_range=scale_range, **env_kwargs)
-            return Monitor(e)
-        return thunk
-
     vec_cls = SubprocVecEnv if (cfg.vec_env == "subproc" and cfg.n_envs > 1) else DummyVecEnv
-    venv = vec_cls([make_env(i) for i in range(cfg.n_envs)])
+    venv = vec_cls(make_env_thunks(cfg, trace_ranges, cfg.n_envs))
     venv.seed(cfg.seed)
-    venv = VecNormalize(venv, norm_obs=True, norm_reward=True, clip_obs=10.0, gamma=cfg.gamma)
+    return VecNormalize(venv, norm_obs=True, norm_reward=True, clip_obs=10.0, gamma=cfg.gamma)
 
-    # ---------------------------------------------------------------- PPO
+
+def make_ppo(cfg: Config, venv, run_dir: Path):
+    """PPO with a tanh MLP, logging into W&B, optionally started at the static default knobs."""
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.logger import Logger
+
+    from agents.sb3_callbacks import WandbWriter
+    from runtime.knobs import DEFAULT_KNOBS, knobs_to_action
+
     model = PPO("MlpPolicy", venv, n_steps=cfg.n_steps, batch_size=cfg.batch_size,
                 n_epochs=cfg.n_epochs, learning_rate=lambda p: cfg.learning_rate * p,
                 gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, clip_range=cfg.clip_range,
@@ -306,104 +260,57 @@ def main(argv: list[str] | None = None) -> int:
                                    activation_fn=torch.nn.Tanh, log_std_init=cfg.log_std_init))
     model.set_logger(Logger(str(run_dir), [WandbWriter()]))
     if cfg.init_at_default:
-        from runtime.knobs import DEFAULT_KNOBS, knobs_to_action
-
         head = model.policy.action_net
         with torch.no_grad():
             head.weight.mul_(0.01)
             head.bias.copy_(torch.tensor(knobs_to_action(DEFAULT_KNOBS), dtype=torch.float32))
+    return model
 
-    # ---------------------------------------------------------------- periodic evaluation
-    profile = Profile.load()
-    eval_windows = []
+
+def periodic_eval_windows(cfg: Config, trace_ranges: list[tuple[str, tuple]]) -> list[tuple]:
+    """``(trace label, rate scale, window)`` of the periodic evaluation: the first
+    ``eval_episode_s`` of each trace's eval split at ``eval_rate_scales`` (or the quartiles of
+    its training range on a log scale)."""
+    from env.traces import rate_scale, split, time_window
+    from env.traces.resolve import resolve_trace, trace_label
+
+    windows = []
     for t, (lo, hi) in trace_ranges:
         held_out = split(resolve_trace(t), "eval")
-        window = time_window(held_out, float(held_out.arrival_s[0]),
-                             float(held_out.arrival_s[0]) + cfg.eval_episode_s)
+        start = float(held_out.arrival_s[0])
+        window = time_window(held_out, start, start + cfg.eval_episode_s)
         scales = cfg.eval_rate_scales or tuple(round(lo * (hi / lo) ** q, 3)
                                                for q in (0.25, 0.5, 0.75))
         for s in scales:
-            eval_windows.append((trace_label(t), s, rate_scale(window, s) if s != 1 else window))
+            windows.append((trace_label(t), s, rate_scale(window, s) if s != 1 else window))
+    return windows
 
-    def evaluate_controller(controller) -> dict:
-        out = {}
-        for label, s, window in eval_windows:
-            ep = run_episode(window, controller, interval_s=cfg.interval_s, profile=profile)
-            out[f"{label}/x{s:g}"] = ep.summary["slo_attainment"]
-        out["mean"] = float(np.mean(list(out.values())))
-        return out
 
-    spec0 = EvalSpec(traces[0], "eval", None, cfg.interval_s)
-    baseline_eval = {name: evaluate_controller(make_controller(name, spec0))
-                     for name in ("static", "pid")}
-    print("periodic evaluation windows: " + ", ".join(f"{k}" for k in baseline_eval["static"]
-                                                      if k != "mean"))
-    for name, res in baseline_eval.items():
-        print(f"  {name:>7}: mean SLO attainment {res['mean']:.2%}")
+def evaluate_controller(controller, windows: list[tuple], interval_s: float,
+                        profile) -> dict[str, float]:
+    """SLO attainment of one controller on each window, and their mean."""
+    from agents.evaluate import run_episode
 
-    class Periodic(BaseCallback):
-        """Serving metrics of each rollout, and evaluation + best model every eval_every steps."""
+    out = {}
+    for label, s, window in windows:
+        ep = run_episode(window, controller, interval_s=interval_s, profile=profile)
+        out[f"{label}/x{s:g}"] = ep.summary["slo_attainment"]
+    out["mean"] = float(np.mean(list(out.values())))
+    return out
 
-        def __init__(self):
-            super().__init__()
-            self.best = -1.0
-            self.next_eval = cfg.eval_every
-            self.history = []
-            self._acc: dict[str, list[float]] = {}
 
-        def _on_step(self) -> bool:
-            for info in self.locals["infos"]:
-                for k in ("slo_attainment", "goodput_rps", "ttft_p99_ratio", "tpot_p99_ratio",
-                          "preemptions", "ooms", "batch_window_ms", "prefill_chunk_tokens",
-                          "kv_cache_ratio", "rate_scale"):
-                    self._acc.setdefault(k, []).append(float(info[k]))
-            if self.num_timesteps >= self.next_eval:
-                self.next_eval += cfg.eval_every
-                self.evaluate()
-            return True
+def export_best(cfg: Config, run_dir: Path, run_name: str, traces: list[str],
+                trace_ranges: list[tuple[str, tuple]]):
+    """The best model to ``policy.onnx`` (checked against torch), with ``model.zip`` and
+    ``vecnormalize.pkl`` beside it."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-        def _on_rollout_end(self) -> None:
-            wandb.log({f"serving/{k}": float(np.mean(v)) for k, v in self._acc.items()},
-                      step=self.num_timesteps)
-            self._acc = {}
+    from agents.export import export_policy
 
-        def evaluate(self) -> None:
-            res = evaluate_controller(SB3PolicyController(self.model, venv))
-            self.history.append({"step": self.num_timesteps, **res})
-            wandb.log({f"eval/policy/{k}": v for k, v in res.items()}
-                      | {f"eval/{n}/mean": r["mean"] for n, r in baseline_eval.items()},
-                      step=self.num_timesteps)
-            if res["mean"] > self.best:
-                self.best = res["mean"]
-                self.model.save(run_dir / "best_model.zip")
-                venv.save(str(run_dir / "best_vecnormalize.pkl"))
-            tqdm_write(f"step {self.num_timesteps:,}: eval mean SLO attainment "
-                       f"{res['mean']:.2%} (best {self.best:.2%}; static "
-                       f"{baseline_eval['static']['mean']:.2%}, pid "
-                       f"{baseline_eval['pid']['mean']:.2%})")
-
-    def tqdm_write(msg: str) -> None:
-        try:
-            from tqdm import tqdm
-            tqdm.write(msg)
-        except ImportError:
-            print(msg)
-
-    # ---------------------------------------------------------------- train
-    periodic = Periodic()
-    t0 = time.time()
-    model.learn(total_timesteps=cfg.total_timesteps, callback=periodic, progress_bar=True)
-    train_s = time.time() - t0
-    periodic.evaluate()  # the final weights compete for best too
-    steps_per_s = cfg.total_timesteps / train_s
-    print(f"trained {cfg.total_timesteps:,} steps in {train_s:.0f} s ({steps_per_s:.0f} steps/s)")
-    model.save(run_dir / "last_model.zip")
-    venv.save(str(run_dir / "last_vecnormalize.pkl"))
-
-    # ---------------------------------------------------------------- best model -> ONNX
     best_model = PPO.load(run_dir / "best_model.zip", device="cpu")
-    best_norm = VecNormalize.load(str(run_dir / "best_vecnormalize.pkl"), DummyVecEnv(
-        [make_env(0)]))
+    best_norm = VecNormalize.load(str(run_dir / "best_vecnormalize.pkl"),
+                                  DummyVecEnv(make_env_thunks(cfg, trace_ranges, 1)))
     best_norm.training = False
     shutil.copy(run_dir / "best_model.zip", run_dir / "model.zip")
     shutil.copy(run_dir / "best_vecnormalize.pkl", run_dir / "vecnormalize.pkl")
@@ -414,9 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"exported {onnx_path} ({export.bytes:,} bytes): ONNX vs torch max |diff| "
           f"{export.max_abs_diff:.2g} on {export.num_checked} observations; operators "
           f"{export.operators}")
+    return onnx_path, export
 
-    # ---------------------------------------------------------------- final evaluation
-    from agents.evaluate import evaluate
+
+def final_evaluation(cfg: Config, traces: list[str], onnx_path: Path, run_dir: Path):
+    """The baselines and the exported policy on the eval split: result, plots, markdown table."""
+    from agents.evaluate import evaluate, markdown_table, plot
+    from agents.export import stamp_metadata
 
     controllers = [c for c in cfg.final_controllers.split(",") if c] + [f"policy:{onnx_path}"]
     result = evaluate(traces, controllers, cfg.final_rate_scales, part="eval",
@@ -430,30 +341,33 @@ def main(argv: list[str] | None = None) -> int:
     summary = {f"{r['trace']}/x{r['rate_scale']:g}": round(r["slo_attainment"], 4)
                for r in result["rows"] if r["controller"].startswith("policy:")}
     stamp_metadata(onnx_path, {"batchpilot.eval_summary": json.dumps(summary)})
+    return result, plots, table
 
-    # ---------------------------------------------------------------- the card
-    card = {
-        "run": run_name, "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "config": dataclasses.asdict(cfg), "traces": traces,
-        "training": {"seconds": train_s, "env_steps_per_s": steps_per_s,
-                     "best_periodic_eval_mean_attainment": periodic.best,
-                     "periodic_evaluations": periodic.history,
-                     "baselines_periodic_eval": baseline_eval},
-        "export": export.as_dict(), "evaluation": result,
-    }
+
+def write_card(cfg: Config, run_dir: Path, run_name: str, traces: list[str], training: dict,
+               export, result: dict, table: str) -> None:
+    """``card.json`` (everything) and ``card.md`` (the summary a reader wants)."""
+    card = {"run": run_name, "date": dt.datetime.now().isoformat(timespec="seconds"),
+            "config": dataclasses.asdict(cfg), "traces": traces, "training": training,
+            "export": export.as_dict(), "evaluation": result}
     (run_dir / "card.json").write_text(json.dumps(card, indent=1, default=str) + "\n")
     (run_dir / "card.md").write_text(
         f"# Policy card: {run_name}\n\n"
         f"- date: {card['date']}\n- preset: {cfg.preset}; seed {cfg.seed}\n"
         f"- training traces: {', '.join(traces)} (train split: first 40 minutes)\n"
-        f"- training: {cfg.total_timesteps:,} steps in {train_s:.0f} s "
-        f"({steps_per_s:.0f} env steps/s)\n"
+        f"- training: {cfg.total_timesteps:,} steps in {training['seconds']:.0f} s "
+        f"({training['env_steps_per_s']:.0f} env steps/s)\n"
         f"- export: max |ONNX - torch| = {export.max_abs_diff:.2g} on {export.num_checked} "
         f"observations; operators {export.operators}\n\n"
         f"## Evaluation on held-out windows (eval split: after minute 40)\n\n{table}\n\n"
         f"## Config\n\n```json\n{json.dumps(dataclasses.asdict(cfg), indent=1)}\n```\n")
 
-    # ---------------------------------------------------------------- W&B artifacts and summary
+
+def log_to_wandb(wandb_run, result: dict, plots: list[Path], onnx_path: Path, run_dir: Path,
+                 run_name: str, summary: dict) -> None:
+    """The final table, the plots and the policy (with its card) as a W&B artifact."""
+    import wandb
+
     columns = sorted({k for r in result["rows"] for k in r} - {"decision_sources"})
     wandb.log({"final/evaluation": wandb.Table(
         columns=columns, data=[[r.get(k) for k in columns] for r in result["rows"]])})
@@ -464,8 +378,87 @@ def main(argv: list[str] | None = None) -> int:
     artifact.add_file(str(onnx_path))
     artifact.add_file(str(run_dir / "card.md"))
     wandb_run.log_artifact(artifact)
-    wandb_run.summary.update({"train_seconds": train_s, "env_steps_per_s": steps_per_s,
-                              "best_eval_mean_attainment": periodic.best})
+    wandb_run.summary.update(summary)
+
+
+def export_spec_version(path: Path) -> str:
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    return props.get("batchpilot.spec_version", "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_config(argv)
+    t_start = time.time()
+    # W&B's own banner would misread this project's `agents` package as OpenAI's Agents SDK, and
+    # we print where the run went ourselves
+    os.environ.setdefault("WANDB_SILENT", "true")
+    import wandb
+
+    from agents.evaluate import EvalSpec, make_controller
+    from agents.sb3_callbacks import PeriodicEval
+    from env.traces.resolve import resolve_trace
+    from runtime.engine.profile import Profile
+
+    # ---------------------------------------------------------------- seeding and the run folder
+    seed_everything(cfg.seed)
+    date = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_name = cfg.run_name or f"batchpilot-{cfg.preset}-{date}-s{cfg.seed}"
+    run_dir = Path(cfg.out_dir) / run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    trace_ranges = parse_traces(cfg.trace, (cfg.rate_scale_min, cfg.rate_scale_max))
+    traces = [t for t, _ in trace_ranges]
+    for t in traces:  # fail early, with the reader's message, on a bad trace
+        resolve_trace(t)
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
+    print(f"run {run_name}: preset {cfg.preset}, traces {', '.join(traces)}, "
+          f"{cfg.total_timesteps:,} steps on {cfg.n_envs} environments -> {run_dir}")
+
+    # ---------------------------------------------------------------- W&B, environments, PPO
+    mode = wandb_mode(cfg.wandb_mode)
+    wandb_run = wandb.init(project=cfg.wandb_project, name=run_name, mode=mode,
+                           dir=str(run_dir), config=dataclasses.asdict(cfg),
+                           settings=wandb.Settings(silent=True))
+    venv = make_vec_env(cfg, trace_ranges)
+    model = make_ppo(cfg, venv, run_dir)
+
+    # ---------------------------------------------------------------- periodic evaluation
+    profile = Profile.load()
+    windows = periodic_eval_windows(cfg, trace_ranges)
+    spec0 = EvalSpec(traces[0], "eval", None, cfg.interval_s)
+    baselines = {name: evaluate_controller(make_controller(name, spec0), windows,
+                                           cfg.interval_s, profile)
+                 for name in ("static", "pid")}
+    print("periodic evaluation windows: " + ", ".join(k for k in baselines["static"]
+                                                      if k != "mean"))
+    for name, res in baselines.items():
+        print(f"  {name:>7}: mean SLO attainment {res['mean']:.2%}")
+    periodic = PeriodicEval(
+        partial(evaluate_controller, windows=windows, interval_s=cfg.interval_s,
+                profile=profile),
+        venv, run_dir, baselines, cfg.eval_every)
+
+    # ---------------------------------------------------------------- train
+    t0 = time.time()
+    model.learn(total_timesteps=cfg.total_timesteps, callback=periodic, progress_bar=True)
+    train_s = time.time() - t0
+    periodic.evaluate()  # the final weights compete for best too
+    steps_per_s = cfg.total_timesteps / train_s
+    print(f"trained {cfg.total_timesteps:,} steps in {train_s:.0f} s ({steps_per_s:.0f} steps/s)")
+    model.save(run_dir / "last_model.zip")
+    venv.save(str(run_dir / "last_vecnormalize.pkl"))
+
+    # ---------------------------------------------------------------- export, evaluate, card
+    onnx_path, export = export_best(cfg, run_dir, run_name, traces, trace_ranges)
+    result, plots, table = final_evaluation(cfg, traces, onnx_path, run_dir)
+    training = {"seconds": train_s, "env_steps_per_s": steps_per_s,
+                "best_periodic_eval_mean_attainment": periodic.best,
+                "periodic_evaluations": periodic.history, "baselines_periodic_eval": baselines}
+    write_card(cfg, run_dir, run_name, traces, training, export, result, table)
+    log_to_wandb(wandb_run, result, plots, onnx_path, run_dir, run_name,
+                 {"train_seconds": train_s, "env_steps_per_s": steps_per_s,
+                  "best_eval_mean_attainment": periodic.best})
     wandb_dir = Path(wandb_run.dir).parent
     wandb.finish()
     venv.close()
@@ -479,13 +472,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"W&B run: {wandb_run.url}")
     print(f"total {time.time() - t_start:.0f} s")
     return 0
-
-
-def export_spec_version(path: Path) -> str:
-    import onnx
-
-    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
-    return props.get("batchpilot.spec_version", "")
 
 
 if __name__ == "__main__":

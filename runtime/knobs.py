@@ -167,4 +167,5 @@ def actions_to_knobs(actions: np.ndarray) -> list[Knobs]:
 
 def knobs_to_action(knobs: Knobs) -> tuple[float, float, float]:
     """The action in [-1, 1]^3 that maps to these knobs (up to rounding)."""
-    return tuple(2.0 * _to_unit(s, v) - 1.0 for s, v in zip(KNOB_SPECS, knobs.as_tuple()))
+    w, c, r = (2.0 * _to_unit(s, v) - 1.0 for s, v in zip(KNOB_SPECS, knobs.as_tuple()))
+    return w, c, r

@@ -21,6 +21,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -122,7 +123,7 @@ def _vector(values: list[float], knobs: Knobs) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def vector_from_fields(fields: Mapping[str, float]) -> np.ndarray:
+def vector_from_fields(fields: Mapping[str, Any]) -> np.ndarray:
     """The observation vector from named raw values (all of :data:`OBSERVATION_NAMES`).
 
     Raises ValueError naming the field that is missing, unknown or not finite.

@@ -17,6 +17,7 @@ server in a subprocess and an httpx keep-alive client in this one: the client's 
 of every figure.
 """
 
+# ruff: noqa: E402  (the BLAS thread count must be set before numpy is imported)
 from __future__ import annotations
 
 import os
@@ -25,34 +26,35 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import secrets  # noqa: E402
-import shutil  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
+import asyncio
+import gc
+import json
+import platform
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
+import tyro
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+"""the source checkout (the synthetic policy's fallback and the server run from it)"""
 
-from runtime.decider.breaker import CircuitBreaker  # noqa: E402
-from runtime.decider.guard import GuardedDecider  # noqa: E402
-from runtime.decider.onnx_policy import OnnxPolicy, PolicyLoadError  # noqa: E402
-from runtime.knobs import Knobs  # noqa: E402
-from runtime.observation import OBSERVATION_NAMES, vector_from_fields  # noqa: E402
+from runtime.decider.breaker import CircuitBreaker
+from runtime.decider.guard import GuardedDecider
+from runtime.decider.onnx_policy import OnnxPolicy, PolicyLoadError
+from runtime.knobs import Knobs
+from runtime.locations import shipped_policy_dir
+from runtime.observation import OBSERVATION_NAMES, vector_from_fields
 
-SHIPPED = REPO / "checkpoints" / "shipped" / "policy.onnx"
 BATCH_SIZE = 256
 GOALS = {  # key: (comparison, bound)
     "ratio_p50": ("<=", 1.5),
@@ -69,12 +71,13 @@ def prepare_policies(folder: Path) -> tuple[str, str]:
     """Put the benchmark policy (and a second version for the reload) into ``folder``; returns
     (description, name of the second file)."""
     description = None
-    if SHIPPED.exists():
+    shipped = shipped_policy_dir() / "policy.onnx"
+    if shipped.exists():
         try:
-            p = OnnxPolicy.load(SHIPPED)
-            shutil.copy(SHIPPED, folder / "policy.onnx")
-            shutil.copy(SHIPPED, folder / "policy-reload.onnx")
-            description = f"shipped: {SHIPPED.relative_to(REPO)} ({p.policy_version})"
+            p = OnnxPolicy.load(shipped)
+            shutil.copy(shipped, folder / "policy.onnx")
+            shutil.copy(shipped, folder / "policy-reload.onnx")
+            description = f"shipped: {shipped} ({p.policy_version})"
         except PolicyLoadError as e:
             print(f"warning: the shipped policy was refused ({e}); using a synthetic one",
                   file=sys.stderr)
@@ -481,21 +484,26 @@ def verdicts(result: dict) -> dict[str, bool]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--calls", type=int, default=30_000,
-                    help="in-process decisions timed per function (default 30000)")
-    ap.add_argument("--rest-requests", type=int, default=3000,
-                    help="sequential POST /v1/decide requests timed (default 3000)")
-    ap.add_argument("--batch-duration", type=float, default=5.0,
-                    help="seconds of batch-route throughput (default 5)")
-    ap.add_argument("--load-duration", type=float, default=60.0,
-                    help="seconds of the open-loop load run (default 60)")
-    ap.add_argument("--load-rps", type=float, default=500.0,
-                    help="request rate of the load run (default 500)")
-    ap.add_argument("--no-rest", action="store_true", help="in-process figures only")
-    args = ap.parse_args()
+@dataclass
+class Args:
+    json: bool = False
+    """print one JSON object"""
+    calls: int = 30_000
+    """in-process decisions timed per function"""
+    rest_requests: int = 3000
+    """sequential POST /v1/decide requests timed"""
+    batch_duration: float = 5.0
+    """seconds of batch-route throughput"""
+    load_duration: float = 60.0
+    """seconds of the open-loop load run"""
+    load_rps: float = 500.0
+    """request rate of the load run"""
+    no_rest: bool = False
+    """in-process figures only"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(Args, args=argv, description=__doc__.split("\n\n")[0])
 
     result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
                                 "python": platform.python_version(),
@@ -526,7 +534,7 @@ def main() -> None:
 
     if args.json:
         print(json.dumps(result, indent=2))
-        return
+        return 0
     print(f"policy: {result['policy']}")
     print(f"machine: {result['machine']}")
     rows = [("in-process decision (policy)", "decide"), ("PID fallback decision", "pid"),
@@ -551,7 +559,8 @@ def main() -> None:
             print(f"  load error: {e}")
     print("\ngoals: " + ", ".join(f"{k} {'met' if v else 'MISSED'}"
                                   for k, v in result["goals_met"].items()))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Engine speed and the default profile's sanity, measured side by side in one run.
 
-    python scripts/bench_engine.py [--json] [--traces azure-conv,azure-code] [--scales 1,2,4,8]
+    python scripts/bench_engine.py [--json] [--traces azure-conv,azure-code] [--scales 1 2 4 8]
 
 1. Speed: simulated seconds per wall second of whole-trace replays at each rate scale (static
    default knobs, default profile), with the closed-form decode stretches and, at rate scale 1,
@@ -13,12 +13,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
+import tyro
 
 from agents.evaluate import find_capacity
 from env.replay import replay
@@ -81,15 +82,22 @@ def limits_at(trace, scale: float, profile: Profile) -> dict:
             "ttft_p99_s": s.ttft_p99_s, "tpot_p99_s": s.tpot_p99_s}
 
 
+@dataclass
+class Args:
+    traces: str = "azure-conv,azure-code"
+    """traces to replay, comma-separated"""
+    scales: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
+    """rate scales to replay each trace at"""
+    profile: str | None = None
+    """executor profile (default: the shipped roofline profile)"""
+    json: bool = False
+    """print one JSON object"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", default="azure-conv,azure-code")
-    ap.add_argument("--scales", default="1,2,4,8")
-    ap.add_argument("--profile", default=None)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
     profile = Profile.load(args.profile)
-    scales = [float(x) for x in args.scales.split(",")]
+    scales = list(args.scales)
     out: dict = {"profile": profile.name, "speed": [], "capacity_90_static": []}
     for label in args.traces.split(","):
         try:

@@ -11,12 +11,13 @@ cover the same simulated time (0.3 = 30% more wall time).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
+import tyro
 
 from env.serving_env import DEFAULT_INTERVAL_S, ServingEnv
 from runtime.engine.engine import Engine
@@ -24,15 +25,24 @@ from runtime.engine.sim_executor import SimulatedExecutor
 from runtime.knobs import DEFAULT_KNOBS, knobs_to_action
 
 
+@dataclass
+class Args:
+    trace: str = "azure-conv"
+    """the trace the episodes replay"""
+    rate_scale: float = 2.0
+    """rate scale of every episode"""
+    episodes: int = 6
+    """episodes to time"""
+    episode_s: float = 120.0
+    """simulated seconds per episode"""
+    interval_s: float = DEFAULT_INTERVAL_S
+    """decision interval, simulated seconds"""
+    json: bool = False
+    """print one JSON object"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default="azure-conv")
-    ap.add_argument("--rate-scale", type=float, default=2.0)
-    ap.add_argument("--episodes", type=int, default=6)
-    ap.add_argument("--episode-s", type=float, default=120.0)
-    ap.add_argument("--interval-s", type=float, default=DEFAULT_INTERVAL_S)
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
     try:
         env = ServingEnv(args.trace, episode_s=args.episode_s, interval_s=args.interval_s,
                          rate_scale_range=(args.rate_scale, args.rate_scale))

@@ -25,10 +25,14 @@ a stand-in for the network. Run it from the repository root with the package imp
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import sys
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
+
+import tyro
 
 from env.traces.azure import read_azure
 from env.traces.errors import TraceFormatError
@@ -40,29 +44,32 @@ CHUNK_BYTES = 1 << 16
 """bytes read from the network at a time"""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+@dataclass
+class Args:
+    dest: Path | None = None
+    """the traces folder to download into (default: traces_dir(), i.e. $BATCHPILOT_TRACES_DIR
+    or ../shared/traces)"""
+    kinds: Annotated[tuple[Literal["conv", "code"], ...], tyro.conf.UseAppendAction,
+                     tyro.conf.arg(name="kind")] = ()
+    """which trace to fetch; repeat for both (default: conv and code)"""
+    force: bool = False
+    """download again even where the file is present"""
+    dry_run: bool = False
+    """print what would be downloaded and skipped; touch nothing"""
+    timeout: float = 60.0
+    """seconds to wait for the server on each read"""
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
     """The command line: ``--dest``, ``--kind`` (repeatable), ``--force``, ``--dry-run``,
-    ``--timeout``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dest", type=Path, default=None,
-                        help="the traces folder to download into (default: traces_dir(), "
-                             "i.e. $BATCHPILOT_TRACES_DIR or ../shared/traces)")
-    parser.add_argument("--kind", action="append", choices=sorted(AZURE_TRACE_FILES),
-                        dest="kinds", help="which trace to fetch; repeat for both "
-                                           "(default: conv and code)")
-    parser.add_argument("--force", action="store_true",
-                        help="download again even where the file is present")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print what would be downloaded and skipped; touch nothing")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds to wait for the server on each read (default: 60)")
-    args = parser.parse_args(argv)
-    if args.dest is None:
-        args.dest = traces_dir()
-    args.kinds = list(dict.fromkeys(args.kinds or ["conv", "code"]))  # once each, in order
+    ``--timeout``; the folder and kinds resolved (each kind once, in order)."""
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
     if not args.timeout > 0:
-        parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
-    return args
+        print(f"download_traces: --timeout must be > 0 seconds, got {args.timeout}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return dataclasses.replace(args, dest=args.dest or traces_dir(),
+                               kinds=tuple(dict.fromkeys(args.kinds or ("conv", "code"))))
 
 
 def plan(dest: Path, kinds: list[str]) -> list[tuple[str, Path]]:

@@ -42,35 +42,40 @@ the other tenants as much as the executor, so the CPU figures in the README use 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import tyro
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from serve_replay import add_common_args, build_torch_executor, run, warm_up  # noqa: E402
-
-from runtime.engine.executor import Executor  # noqa: E402
-from runtime.engine.profile import PROFILE_DIR, CostModel, Profile  # noqa: E402
-from runtime.engine.profiling import (  # noqa: E402
+from runtime.engine.executor import Executor
+from runtime.engine.profile import CostModel, Profile
+from runtime.engine.profiling import (
     SyntheticRequests,
     batch_features,
     fit_cost_model,
     make_batch,
     predict,
 )
-from runtime.engine.recording import RecordingExecutor, record_features  # noqa: E402
-from runtime.engine.sim_executor import SimulatedExecutor  # noqa: E402
-from runtime.gc_pause import gc_paused  # noqa: E402
+from runtime.engine.recording import RecordingExecutor, record_features
+from runtime.engine.sim_executor import SimulatedExecutor
+from runtime.gc_pause import gc_paused
+from runtime.locations import profiles_dir
 
-DEFAULT_PROFILES = {"tiny": PROFILE_DIR / "cpu-tiny-measured.json"}
+# the sibling script: a module of the package batchpilot_scripts when installed, a top-level
+# module beside this file when run as `python scripts/fidelity.py`
+if __package__:
+    from .serve_replay import ServeReplayArgs, build_torch_executor, run, warm_up
+else:
+    from serve_replay import ServeReplayArgs, build_torch_executor, run, warm_up
+
+DEFAULT_PROFILES = {"tiny": "cpu-tiny-measured.json"}
+"""the measured profile of each shape, a file in :func:`profiles_dir`"""
 
 
 def rel(sim: float, meas: float) -> float:
@@ -135,28 +140,35 @@ def retime(executor: Executor, rec: RecordingExecutor, cost: CostModel, kv_cache
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_common_args(ap)
-    ap.add_argument("--profile", type=Path, default=None,
-                    help="the measured profile (default: the shipped one for the shape)")
-    ap.add_argument("--calibrate-seconds", type=float, default=20.0,
-                    help="length of the in-situ calibration window (0: use the profile as is)")
-    ap.add_argument("--json", action="store_true", help="print only the JSON figures")
-    ap.add_argument("--out", type=Path, default=None, help="also write the JSON (with details)")
-    ap.add_argument("--retime", type=int, default=None,
-                    help="measured iterations to time again for the noise/drift/shape "
-                         "breakdown (0: skip; default 120 on the CPU, 0 on CUDA, where it "
-                         "would cost minutes of accelerator time)")
-    ap.add_argument("--retime-repeats", type=int, default=4,
-                    help="timings of every re-timed iteration")
-    ap.set_defaults(rate=20.0, duration=40.0)
-    args = ap.parse_args(argv)
+@dataclass
+class Args(ServeReplayArgs):
+    rate: float = 20.0
+    """Poisson rate, requests/s"""
+    duration: float = 40.0
+    """window length, seconds"""
+    profile: Path | None = None
+    """the measured profile (default: the shipped one for the shape)"""
+    calibrate_seconds: float = 20.0
+    """length of the in-situ calibration window (0: use the profile as is)"""
+    json: bool = False
+    """print only the JSON figures"""
+    out: Path | None = None
+    """also write the JSON (with details)"""
+    retime: int | None = None
+    """measured iterations to time again for the noise/drift/shape breakdown (0: skip; default
+    120 on the CPU, 0 on CUDA, where it would cost minutes of accelerator time)"""
+    retime_repeats: int = 4
+    """timings of every re-timed iteration"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
     if args.retime is None:
         args.retime = 120 if args.device == "cpu" else 0
 
-    profile_path = args.profile or DEFAULT_PROFILES.get(args.shape)
+    default_name = DEFAULT_PROFILES.get(args.shape)
+    profile_path = args.profile or (profiles_dir() / default_name if default_name else None)
     if profile_path is None:
         raise SystemExit(f"--profile is required for shape {args.shape}")
     shipped = Profile.load(profile_path)
@@ -233,8 +245,8 @@ def main(argv: list[str] | None = None) -> dict:
                                         "intervals_simulated": simulated.intervals},
                                        indent=2) + "\n")
     print(json.dumps(out, indent=None if args.json else 2))
-    return out
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

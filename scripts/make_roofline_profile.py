@@ -10,8 +10,11 @@ profile (``scripts/profile_executor.py``) wherever one exists.
 
 from __future__ import annotations
 
-import argparse
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+import tyro
 
 from runtime.engine.executor import GIB, MemoryModel
 from runtime.engine.profile import CostModel, Profile
@@ -95,21 +98,34 @@ def derive(accel: str, model: str, budget_gib: float, dtype_bytes: int = 2) -> P
     )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--accelerator", default="h200", choices=sorted(ACCELERATORS))
-    ap.add_argument("--model", default="llama2-7b", choices=sorted(MODELS))
-    ap.add_argument("--budget-gib", type=float, default=40.0,
-                    help="accelerator memory the engine may use (default 40 GiB)")
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
+@dataclass
+class Args:
+    out: Path
+    """the profile file to write"""
+    accelerator: str = "h200"
+    """accelerator, a key of ACCELERATORS"""
+    model: str = "llama2-7b"
+    """model shape, a key of MODELS"""
+    budget_gib: float = 40.0
+    """accelerator memory the engine may use, GiB"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
+    for flag, value, known in (("--accelerator", args.accelerator, ACCELERATORS),
+                               ("--model", args.model, MODELS)):
+        if value not in known:
+            print(f"make_roofline_profile: {flag} must be one of {', '.join(sorted(known))}, "
+                  f"got {value!r}", file=sys.stderr)
+            return 2
     profile = derive(args.accelerator, args.model, args.budget_gib)
     profile.save(args.out)
     c, mem = profile.cost, profile.memory
     print(f"wrote {args.out}: {mem.num_kv_blocks(0.9)} KV blocks at ratio 0.9, "
           f"decode step {c.const_s * 1e3:.2f} ms + {c.decode_ctx_token_s * 1e6:.3f} us/ctx token, "
           f"prefill {c.prefill_token_s * 1e6:.1f} us/token")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

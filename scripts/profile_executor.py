@@ -16,26 +16,23 @@ per decode step over its time) and prefill FLOP/s, as fractions of the device's 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
+import tyro
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from steady_cpu import steady_allocator  # noqa: E402
-
-from runtime.engine.executor import GIB  # noqa: E402
-from runtime.engine.profile import CostModel, Profile  # noqa: E402
-from runtime.engine.profiling import (  # noqa: E402
+from runtime.engine.executor import GIB
+from runtime.engine.profile import CostModel, Profile
+from runtime.engine.profiling import (
     Measurement,
     SyntheticRequests,
     default_grid,
@@ -44,8 +41,9 @@ from runtime.engine.profiling import (  # noqa: E402
     measure,
     nnls,
 )
-from runtime.engine.torch_executor import DEFAULT_BUDGET_GIB, TorchExecutor  # noqa: E402
-from runtime.engine.torch_model import SHAPES, LlamaConfig  # noqa: E402
+from runtime.engine.torch_executor import DEFAULT_BUDGET_GIB, TorchExecutor
+from runtime.engine.torch_model import SHAPES, LlamaConfig
+from runtime.steady_cpu import steady_allocator
 
 MIB = 1024 ** 2
 PROFILE_RATIO = 0.9
@@ -186,31 +184,42 @@ def compare(measured: Profile, reference: Profile) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    ap.add_argument("--budget-gib", type=float, default=None,
-                    help="memory budget (default: 0.25 for tiny, 40 for llama2-7b)")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats")
-    ap.add_argument("--repeats", type=int, default=None,
-                    help="timed runs per point, of which the median is fitted (default: 3 with "
-                         "--quick; else 15 on the CPU, whose shared hosts spread single timings "
-                         "by 5-15%%, and 7 on CUDA)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch CPU threads (1 by default: steadier on a shared machine)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--timer", choices=("wall", "thread"), default=None,
-                    help="iteration timer (default: thread CPU time on the CPU with one thread, "
-                         "where a shared host's wall clock also measures its neighbours; the "
-                         "wall clock on CUDA)")
-    ap.add_argument("--checkpoint", default=None, help="HF safetensors file or folder")
-    ap.add_argument("--compare", type=Path, default=None,
-                    help="a profile (e.g. the roofline one) to compare the coefficients with")
-    ap.add_argument("--name", default=None, help="profile name (default from device and shape)")
-    args = ap.parse_args(argv)
+@dataclass
+class Args:
+    out: Path
+    """the profile file to write"""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """torch device to measure on"""
+    shape: str = "tiny"
+    """model shape, a key of runtime.engine.torch_model.SHAPES"""
+    budget_gib: float | None = None
+    """memory budget (default: 0.25 for tiny, 40 for llama2-7b)"""
+    quick: bool = False
+    """a smaller grid and fewer repeats"""
+    repeats: int | None = None
+    """timed runs per point, of which the median is fitted (default: 3 with --quick; else 15 on
+    the CPU, whose shared hosts spread single timings by 5-15%, and 7 on CUDA)"""
+    threads: int = 1
+    """torch CPU threads (1 by default: steadier on a shared machine)"""
+    seed: int = 0
+    """seed of the synthetic requests and the model's weights"""
+    timer: Literal["wall", "thread"] | None = None
+    """iteration timer (default: thread CPU time on the CPU with one thread, where a shared
+    host's wall clock also measures its neighbours; the wall clock on CUDA)"""
+    checkpoint: str | None = None
+    """HF safetensors file or folder"""
+    compare: Path | None = None
+    """a profile (e.g. the roofline one) to compare the coefficients with"""
+    name: str | None = None
+    """profile name (default from device and shape)"""
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
+    if args.shape not in SHAPES:
+        print(f"profile_executor: --shape must be one of {', '.join(sorted(SHAPES))}, got "
+              f"{args.shape!r}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     steady_allocator()
     cfg: LlamaConfig = SHAPES[args.shape]
@@ -281,8 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
     if "vs_reference" in profile.fit:
         summary["vs_reference"] = profile.fit["vs_reference"]
     print(json.dumps(summary, indent=2))
-    return summary
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+import tyro
 
 from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS
 from runtime.observation import SPEC_VERSION, observation_table
@@ -45,10 +47,14 @@ def render() -> str:
                     for f in ("violation_weight", "memory_price", "oom_penalty")) + "\n")
 
 
+@dataclass
+class Args:
+    check: bool = False
+    """only check that docs/spec.md is current (exit 1 if stale) instead of writing it"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true")
-    args = ap.parse_args(argv)
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
     text = render()
     if args.check:
         if not DOC.exists() or DOC.read_text() != text:

@@ -11,43 +11,51 @@ Mooncake JSONL, BurstGPT CSV or a plain ``arrival_s,prompt_tokens,output_tokens`
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
+from typing import Literal
+
+import tyro
 
 from env.replay import replay
 from env.traces import rate_scale, split
 from env.traces.resolve import TRACE_ALIASES, resolve_trace
 from runtime.engine.engine import EngineConfig
-from runtime.engine.profile import DEFAULT_PROFILE_PATH, Profile
-from runtime.engine.slo import DEFAULT_SLO_CLASSES, parse_slo_classes
+from runtime.engine.profile import Profile
+from runtime.engine.slo import parse_slo_classes
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(f"  {k}: {v}" for k, v in TRACE_ALIASES.items()))
-    ap.add_argument("--trace", default="synthetic",
-                    help="synthetic | azure-conv | azure-code | PATH (default: synthetic)")
-    ap.add_argument("--split", choices=("train", "eval", "all"), default="all",
-                    help="the first 40 minutes (train), the rest (eval), or all (default)")
-    ap.add_argument("--rate-scale", type=float, default=1.0,
-                    help="compress time by this factor (2 = twice the request rate)")
-    ap.add_argument("--window-ms", type=float, default=DEFAULT_KNOBS.batch_window_ms)
-    ap.add_argument("--chunk", type=int, default=DEFAULT_KNOBS.prefill_chunk_tokens)
-    ap.add_argument("--kv-ratio", type=float, default=DEFAULT_KNOBS.kv_cache_ratio)
-    ap.add_argument("--profile", default=str(DEFAULT_PROFILE_PATH),
-                    help="executor profile (default: the roofline H200 Llama-2-7B profile)")
-    ap.add_argument("--slo", default=None,
-                    help="SLO classes as name:ttft_s:tpot_s,... (default: "
-                         + ",".join(f"{k}:{v.ttft_s:g}:{v.tpot_s:g}"
-                                    for k, v in DEFAULT_SLO_CLASSES.items()) + ")")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace")
-    ap.add_argument("--step-by-step", action="store_true",
-                    help="no closed-form decode stretches (the reference path, slower)")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    return ap.parse_args(argv)
+@dataclass
+class Args:
+    trace: str = "synthetic"
+    """synthetic | azure-conv | azure-code | PATH"""
+    split: Literal["train", "eval", "all"] = "all"
+    """the first 40 minutes (train), the rest (eval), or all"""
+    rate_scale: float = 1.0
+    """compress time by this factor (2 = twice the request rate)"""
+    window_ms: float = DEFAULT_KNOBS.batch_window_ms
+    """batch window, milliseconds"""
+    chunk: int = DEFAULT_KNOBS.prefill_chunk_tokens
+    """prefill chunk, tokens"""
+    kv_ratio: float = DEFAULT_KNOBS.kv_cache_ratio
+    """KV cache ratio"""
+    profile: str | None = None
+    """executor profile (default: the roofline H200 Llama-2-7B profile)"""
+    slo: str | None = None
+    """SLO classes as name:ttft_s:tpot_s,... (default: the engine's DEFAULT_SLO_CLASSES)"""
+    seed: int = 0
+    """seed of the synthetic trace"""
+    step_by_step: bool = False
+    """no closed-form decode stretches (the reference path, slower)"""
+    json: bool = False
+    """print one JSON object"""
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    epilog = "traces: " + "; ".join(f"{k}: {v}" for k, v in TRACE_ALIASES.items())
+    return tyro.cli(Args, args=argv, description=__doc__.splitlines()[0] + "\n\n" + epilog)
 
 
 def main(argv: list[str] | None = None) -> int:

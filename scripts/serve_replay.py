@@ -14,29 +14,28 @@ the ONNX decider): the factory is called with no arguments and must return an ob
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tyro
 
-from steady_cpu import steady_allocator  # noqa: E402
-
-from env.traces import LogNormalLengths, Trace, poisson, time_window  # noqa: E402
-from env.traces.lengths import Z_99  # noqa: E402
-from env.traces.resolve import resolve_trace  # noqa: E402
-from runtime.decider.controller import StaticController  # noqa: E402
-from runtime.decider.pid import PidController  # noqa: E402
-from runtime.engine.engine import EngineConfig  # noqa: E402
-from runtime.engine.profile import Profile  # noqa: E402
-from runtime.engine.slo import SloTarget  # noqa: E402
-from runtime.knobs import Knobs  # noqa: E402
-from runtime.wallclock import ReplayResult, replay  # noqa: E402
+from env.traces import LogNormalLengths, Trace, poisson, time_window
+from env.traces.lengths import Z_99
+from env.traces.resolve import resolve_trace
+from runtime.decider.controller import StaticController
+from runtime.decider.pid import PidController
+from runtime.engine.engine import EngineConfig
+from runtime.engine.profile import Profile
+from runtime.engine.slo import SloTarget
+from runtime.knobs import Knobs
+from runtime.steady_cpu import steady_allocator
+from runtime.wallclock import ReplayResult, replay
 
 # Defaults sized for the CPU tiny shape (an iteration takes a few milliseconds): targets that
 # put attainment in the middle of its range under the default load, so errors show.
@@ -59,37 +58,65 @@ def controller_from_spec(spec: str, knobs: Knobs):
     return obj
 
 
-def add_common_args(ap: argparse.ArgumentParser) -> None:
-    """Arguments shared with ``scripts/fidelity.py``."""
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--shape", choices=("tiny", "llama2-7b"), default="tiny")
-    ap.add_argument("--budget-gib", type=float, default=None)
-    ap.add_argument("--checkpoint", default=None, help="HF safetensors file or folder")
-    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    ap.add_argument("--timer", choices=("wall", "thread"), default="wall",
-                    help="iteration timer of the torch executor: wall clock, or the thread's "
-                         "CPU time (CPU, one thread; a replay then runs in engine time, not "
-                         "wall-clock time)")
-    ap.add_argument("--trace", default=None,
-                    help="synthetic | azure-conv | azure-code | PATH of any trace format "
-                         "(default: a Poisson stream sized for the shape)")
-    ap.add_argument("--start", type=float, default=0.0,
-                    help="window start in the trace, seconds from its first request")
-    ap.add_argument("--duration", type=float, default=20.0, help="window length, seconds")
-    ap.add_argument("--rate", type=float, default=8.0, help="Poisson rate, requests/s")
-    ap.add_argument("--prompt-median", type=float, default=200.0)
-    ap.add_argument("--output-median", type=float, default=24.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--controller", default="static", help="static | pid | module:factory")
-    ap.add_argument("--interval", type=float, default=1.0, help="decision interval, seconds")
-    ap.add_argument("--window-ms", type=float, default=5.0)
-    ap.add_argument("--chunk", type=int, default=512, help="prefill_chunk_tokens")
-    ap.add_argument("--ratio", type=float, default=0.9, help="kv_cache_ratio")
-    ap.add_argument("--ttft-slo", type=float, default=None,
-                    help="TTFT target, seconds (default: 0.25 tiny, 1.0 llama2-7b)")
-    ap.add_argument("--tpot-slo", type=float, default=None,
-                    help="TPOT target, seconds (default: 0.02 tiny, 0.05 llama2-7b)")
-    ap.add_argument("--max-num-seqs", type=int, default=256)
+@dataclass
+class ServeReplayArgs:
+    """The window, engine, executor and controller of a wall-clock replay (shared with
+    ``scripts/fidelity.py``)."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """torch device of the executor"""
+    shape: Literal["tiny", "llama2-7b"] = "tiny"
+    """model shape of the torch executor"""
+    budget_gib: float | None = None
+    """KV cache memory budget, GiB (default: the executor's for the shape)"""
+    checkpoint: str | None = None
+    """HF safetensors file or folder"""
+    threads: int = 1
+    """torch CPU threads"""
+    timer: Literal["wall", "thread"] = "wall"
+    """iteration timer of the torch executor: wall clock, or the thread's CPU time (CPU, one
+    thread; a replay then runs in engine time, not wall-clock time)"""
+    trace: str | None = None
+    """synthetic | azure-conv | azure-code | PATH of any trace format (default: a Poisson
+    stream sized for the shape)"""
+    start: float = 0.0
+    """window start in the trace, seconds from its first request"""
+    duration: float = 20.0
+    """window length, seconds"""
+    rate: float = 8.0
+    """Poisson rate, requests/s"""
+    prompt_median: float = 200.0
+    """median prompt length of the Poisson stream, tokens"""
+    output_median: float = 24.0
+    """median output length of the Poisson stream, tokens"""
+    seed: int = 0
+    """seed of the Poisson stream"""
+    controller: str = "static"
+    """static | pid | module:factory"""
+    interval: float = 1.0
+    """decision interval, seconds"""
+    window_ms: float = 5.0
+    """batch_window_ms of the starting knobs"""
+    chunk: int = 512
+    """prefill_chunk_tokens of the starting knobs"""
+    ratio: float = 0.9
+    """kv_cache_ratio of the starting knobs"""
+    ttft_slo: float | None = None
+    """TTFT target, seconds (default: 0.25 tiny, 1.0 llama2-7b)"""
+    tpot_slo: float | None = None
+    """TPOT target, seconds (default: 0.02 tiny, 0.05 llama2-7b)"""
+    max_num_seqs: int = 256
+    """most sequences in a batch"""
+
+
+@dataclass
+class Args(ServeReplayArgs):
+    executor: Literal["torch", "sim"] = "torch"
+    """torch: wall-clock serving; sim: the simulated replay of --profile"""
+    profile: Path | None = None
+    """profile for --executor sim"""
+    out: Path | None = None
+    """also write the result here"""
 
 
 PROMPT_SIGMA, PROMPT_MAX = 0.8, 1024
@@ -103,7 +130,7 @@ def lengths(median: float, sigma: float, max_tokens: int) -> LogNormalLengths:
                             p99=median * math.exp(Z_99 * sigma), max_tokens=max_tokens)
 
 
-def window_from_args(args: argparse.Namespace) -> Trace:
+def window_from_args(args: ServeReplayArgs) -> Trace:
     """``--trace`` (any trace the project reads) cut to ``[--start, --start + --duration)``, or
     a Poisson stream of ``--rate`` requests/s from the project's generator."""
     if args.trace is not None:
@@ -113,7 +140,7 @@ def window_from_args(args: argparse.Namespace) -> Trace:
                    output=lengths(args.output_median, OUTPUT_SIGMA, OUTPUT_MAX))
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+def engine_config_from_args(args: ServeReplayArgs) -> EngineConfig:
     slo = TINY_SLO if args.shape == "tiny" else H200_SLO
     target = SloTarget(args.ttft_slo if args.ttft_slo is not None else slo["ttft_s"],
                        args.tpot_slo if args.tpot_slo is not None else slo["tpot_s"])
@@ -121,7 +148,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         default_slo_class="interactive")
 
 
-def build_torch_executor(args: argparse.Namespace, **kw):
+def build_torch_executor(args: ServeReplayArgs, **kw):
     import torch
 
     from runtime.engine.torch_executor import TorchExecutor
@@ -148,7 +175,7 @@ def warm_up(executor, iterations: int = 5) -> None:
             executor.execute(b, 0.5)
 
 
-def run(args: argparse.Namespace, executor, realtime: bool) -> ReplayResult:
+def run(args: ServeReplayArgs, executor, realtime: bool) -> ReplayResult:
     w = window_from_args(args)
     knobs = Knobs.clamped(args.window_ms, args.chunk, args.ratio)
     return replay(executor, w.arrival_s, w.prompt_tokens, w.output_tokens,
@@ -157,14 +184,8 @@ def run(args: argparse.Namespace, executor, realtime: bool) -> ReplayResult:
                   config=engine_config_from_args(args))
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_common_args(ap)
-    ap.add_argument("--executor", choices=("torch", "sim"), default="torch",
-                    help="torch: wall-clock serving; sim: the simulated replay of --profile")
-    ap.add_argument("--profile", type=Path, default=None, help="profile for --executor sim")
-    ap.add_argument("--out", type=Path, default=None, help="also write the result here")
-    args = ap.parse_args(argv)
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
 
     t = time.perf_counter()
     if args.executor == "torch":
@@ -186,8 +207,8 @@ def main(argv: list[str] | None = None) -> dict:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(res.summary, indent=2))
-    return out
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,8 +1,15 @@
-"""Shared fixtures: contract-following ONNX policies (exported once per session) and
-observations. Engine factories live in ``tests/engine_factory.py``."""
+"""Shared fixtures: contract-following ONNX policies (committed under ``tests/fixtures/``, so the
+runtime's tests need no torch) and observations. Engine factories live in
+``tests/engine_factory.py``.
+
+On a runtime-only install (``.[cpu,dev]``, no ``train`` extra) the test modules that import the
+training stack at their top are not collected; ``make test`` runs the suite both ways.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +17,33 @@ import pytest
 
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 from runtime.observation import OBSERVATION_NAMES, vector_from_fields
-from tests.policy_factory import export_policy_bytes, make_mlp
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+"""committed test policies: ``policy-test-1.onnx`` and ``policy-test-2.onnx``, written by
+``python -m tests.policy_factory`` (seeds 0 and 1 of :func:`tests.policy_factory.make_mlp`)"""
+TRAINING_STACK = ("torch", "gymnasium", "stable_baselines3", "onnx", "env", "agents", "train",
+                  "tests.policy_factory")
+"""modules that a runtime-only install lacks (``env``, ``agents`` and ``train`` import them)"""
+HAS_TRAINING_STACK = all(importlib.util.find_spec(m) is not None
+                         for m in ("torch", "gymnasium", "stable_baselines3", "onnx"))
+
+
+def imports_training_stack(path: Path) -> bool:
+    """Whether a test module imports any of :data:`TRAINING_STACK` at its top level."""
+    for node in ast.parse(path.read_text()).body:
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(n == m or n.startswith(m + ".") for n in names for m in TRAINING_STACK):
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    if (not HAS_TRAINING_STACK and collection_path.suffix == ".py"
+            and collection_path.name.startswith("test_")
+            and imports_training_stack(collection_path)):
+        return True
+    return None
 
 
 def raw_fields(knobs: Knobs = DEFAULT_KNOBS, **overrides: float) -> dict[str, float]:
@@ -35,18 +68,23 @@ def observation(knobs: Knobs = DEFAULT_KNOBS, **overrides: float) -> np.ndarray:
 
 @pytest.fixture(scope="session")
 def mlp():
+    """The torch MLP that ``policy-test-1.onnx`` was exported from."""
+    pytest.importorskip("torch")
+    from tests.policy_factory import make_mlp
+
     return make_mlp(seed=0)
 
 
 @pytest.fixture(scope="session")
-def policy_bytes(mlp) -> bytes:
-    return export_policy_bytes(mlp, policy_version="test-1",
-                               metadata={"batchpilot.trained_on": "synthetic-poisson"})
+def policy_bytes() -> bytes:
+    """A contract-following policy, version test-1, trained_on synthetic-poisson."""
+    return (FIXTURES / "policy-test-1.onnx").read_bytes()
 
 
 @pytest.fixture(scope="session")
 def policy_v2_bytes() -> bytes:
-    return export_policy_bytes(make_mlp(seed=1), policy_version="test-2")
+    """Another policy (other weights), version test-2."""
+    return (FIXTURES / "policy-test-2.onnx").read_bytes()
 
 
 @pytest.fixture()

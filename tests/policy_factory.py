@@ -83,3 +83,17 @@ def write_policy(path: Path | str, mlp: torch.nn.Module | None = None, **kwargs)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(export_policy_bytes(mlp, **kwargs))
     return path
+
+
+def write_fixtures(folder: Path) -> list[Path]:
+    """The committed test policies (``tests/fixtures/``), as ``tests/conftest.py`` reads them."""
+    return [write_policy(folder / "policy-test-1.onnx", make_mlp(seed=0), policy_version="test-1",
+                         metadata={"batchpilot.trained_on": "synthetic-poisson"}),
+            write_policy(folder / "policy-test-2.onnx", make_mlp(seed=1), policy_version="test-2"),
+            write_policy(folder / "policy-old-spec.onnx", make_mlp(seed=0),
+                         spec_version="batchpilot-spec/0+000000000000")]
+
+
+if __name__ == "__main__":
+    for written in write_fixtures(Path(__file__).resolve().parent / "fixtures"):
+        print(f"wrote {written}")

@@ -21,8 +21,7 @@ from runtime.decider.guard import GuardedDecider
 from runtime.knobs import Knobs
 from runtime.observation import OBSERVATION_NAMES, SPEC_VERSION, vector_from_fields
 from runtime.server import create_app
-from tests.conftest import raw_fields
-from tests.policy_factory import export_policy_bytes
+from tests.conftest import FIXTURES, raw_fields
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -333,8 +332,7 @@ def test_a_failed_reload_keeps_the_old_policy_and_says_why(client, policy_dir):
     assert r.status_code == 404
     assert r.json()["detail"] == {"reason": "model missing", "message": "no policy file at "
                                   "absent.onnx", "kept_policy_version": "test-1"}
-    (policy_dir / "old-spec.onnx").write_bytes(
-        export_policy_bytes(spec_version="batchpilot-spec/0+000000000000"))
+    (policy_dir / "old-spec.onnx").write_bytes((FIXTURES / "policy-old-spec.onnx").read_bytes())
     r = client.post("/v1/policy/reload", json={"name": "old-spec.onnx"}, headers=AUTH)
     assert r.status_code == 422 and r.json()["detail"]["reason"] == "spec mismatch"
     assert str(policy_dir) not in r.text

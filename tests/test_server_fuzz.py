@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, settings
 
 from runtime.api.settings import Settings
 from runtime.server import create_app
-from tests.policy_factory import export_policy_bytes
+from tests.conftest import FIXTURES
 
 _folder = Path(tempfile.mkdtemp(prefix="batchpilot-fuzz-"))
-(_folder / "policy.onnx").write_bytes(export_policy_bytes(policy_version="fuzz-1"))
+(_folder / "policy.onnx").write_bytes((FIXTURES / "policy-test-1.onnx").read_bytes())
 (_folder / "corrupt.onnx").write_bytes(b"not a model")
 app = create_app(Settings(policy_dir=_folder, reload_token="fuzz-token", max_body_bytes=64 * 1024))
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -18,9 +19,10 @@ AZURE_CSV = (b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
 
 
 @pytest.fixture
-def script():
+def script(monkeypatch):
     spec = importlib.util.spec_from_file_location("download_traces", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "download_traces", module)  # its dataclass looks it up
     spec.loader.exec_module(module)
     return module
 
@@ -52,13 +54,13 @@ def test_defaults_are_both_traces_into_traces_dir(script, monkeypatch, tmp_path)
     monkeypatch.setenv("BATCHPILOT_TRACES_DIR", str(tmp_path))
     args = script.parse_args([])
     assert args.dest == traces_dir() == tmp_path
-    assert args.kinds == ["conv", "code"]
+    assert args.kinds == ("conv", "code")
     assert (args.force, args.dry_run, args.timeout) == (False, False, 60.0)
 
 
 def test_kind_and_dest_choose_what_and_where(script, tmp_path):
     args = script.parse_args(["--kind", "code", "--kind", "code", "--dest", str(tmp_path)])
-    assert args.kinds == ["code"] and args.dest == tmp_path
+    assert args.kinds == ("code",) and args.dest == tmp_path
 
 
 @pytest.mark.parametrize("argv", [["--kind", "chat"], ["--timeout", "0"]])

@@ -34,10 +34,32 @@ def test_smoke_run_writes_a_checkpoint_folder_with_a_checked_onnx_policy(tmp_pat
     assert OnnxPolicy.load(run / "policy.onnx").describe()["policy_version"] == "t"
 
 
+def refused(*flags: str) -> str:
+    """train.py's stderr for these flags, which it must refuse with status 2."""
+    out = subprocess.run([sys.executable, "train.py", *flags], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    return " ".join(out.stderr.replace("\u2502", " ").split())
+
+
 def test_bad_flags_are_refused_by_name():
-    out = subprocess.run([sys.executable, "train.py", "--n-steps", "abc"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "--n-steps expects a number" in out.stderr
-    out = subprocess.run([sys.executable, "train.py", "--preset", "huge"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "--preset must be one of smoke, default, full" in out.stderr
+    assert "Error parsing --n-steps: invalid literal for int() with base 10: 'abc'" in refused(
+        "--n-steps", "abc")
+    assert "--preset must be one of smoke, default, full, got 'huge'" in refused(
+        "--preset", "huge")
+    assert ("--n-steps * --n-envs (2048) must be at least --batch-size (100000)"
+            in refused("--batch-size", "100000"))
+
+
+def test_a_mistyped_boolean_is_an_error_naming_the_flag_not_false():
+    assert "invalid choice 'flase' for argument '--init-at-default'" in refused(
+        "--init-at-default", "flase")
+
+
+def test_a_preset_fills_only_the_fields_the_command_line_leaves():
+    from train import parse_config
+
+    cfg = parse_config(["--preset", "full", "--n-envs", "2", "--init-at-default", "False"])
+    assert (cfg.preset, cfg.total_timesteps, cfg.n_envs, cfg.init_at_default) == (
+        "full", 600_000, 2, False)
+    assert parse_config(["--final-rate-scales", "1", "3"]).final_rate_scales == (1.0, 3.0)

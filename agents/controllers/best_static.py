@@ -31,8 +31,8 @@ from runtime.decider.controller import StaticController
 from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.knobs import Knobs
+from runtime.locations import best_static_dir
 
-CACHE_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "best_static"
 TUNING_SCALES: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.0)
 TIE_TOLERANCE = 0.001
 """settings whose mean attainment is this close to the best count as tied"""
@@ -102,14 +102,14 @@ def grid_search(trace_spec: str, *, part: str = "train", scales: Sequence[float]
 def best_static_knobs(trace_spec: str, *, part: str = "train",
                       scales: Sequence[float] = TUNING_SCALES,
                       profile_path: str | Path | None = None, config: EngineConfig | None = None,
-                      grid: dict[str, tuple] | None = None, cache_dir: Path = CACHE_DIR,
+                      grid: dict[str, tuple] | None = None, cache_dir: Path | None = None,
                       workers: int = 2, progress: bool = True) -> Knobs:
     """The best static knobs for a trace, from the cache or a fresh grid search."""
     config = config or EngineConfig()
     grid = grid or GRID
     profile = Profile.load(profile_path)
     key = cache_key(trace_spec, part, scales, profile, config, grid)
-    path = Path(cache_dir) / f"{trace_label(trace_spec)}-{key}.json"
+    path = Path(cache_dir or best_static_dir()) / f"{trace_label(trace_spec)}-{key}.json"
     if path.exists():
         return Knobs(*select_best(json.loads(path.read_text())["table"])["knobs"])
     result = grid_search(trace_spec, part=part, scales=scales, profile_path=profile_path,

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from runtime.decider.decision import SOURCES, Decision
+from runtime.decider.decision import SOURCES, Decision, Source
 from runtime.decider.guard import GuardedDecider
 
 LATENCY_BUCKETS_S = (10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
@@ -73,7 +73,7 @@ class ServerMetrics:
         self._latency[route].observe(seconds)
 
     def record_batch(self, decisions: Iterable[Decision], seconds: float) -> None:
-        sources: Tally[str] = Tally()
+        sources: Tally[Source] = Tally()
         reasons: Tally[str] = Tally()
         for d in decisions:
             sources[d.source] += 1

@@ -29,7 +29,9 @@ def _field(f: ObservationField) -> tuple[type, object]:
         if f.unit == "fraction":
             bounds["le"] = 1.0
     desc = f"{f.doc} [{f.unit}]; clipped to {f.low:g}..{f.high:g} ({f.transform} transform)"
-    return (float, Field(description=desc, json_schema_extra={"unit": f.unit}, **bounds))
+    # mypy matches **bounds against Field's positional `default` overloads
+    info = Field(description=desc, json_schema_extra={"unit": f.unit}, **bounds)  # type: ignore[call-overload]
+    return (float, info)
 
 
 # The observation, batch and decision shapes are TypedDicts rather than models: the batch route
@@ -39,7 +41,8 @@ Observation = TypedDict(  # type: ignore[misc]
     "Observation", {f.name: Annotated[float, _field(f)[1]] for f in OBSERVATION_FIELDS})
 Observation.__doc__ = ("One interval's engine signals, by name, in the units of the observation "
                        "spec (runtime/observation.py). Every field is required.")
-Observation.__pydantic_config__ = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+Observation.__pydantic_config__ = ConfigDict(  # type: ignore[attr-defined]
+    extra="forbid", strict=True, allow_inf_nan=False)
 
 
 @with_config(ConfigDict(extra="forbid", use_attribute_docstrings=True))

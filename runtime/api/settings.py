@@ -15,16 +15,17 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.decider.guard import DEFAULT_MAX_STEP
+from runtime.locations import CHECKPOINTS_DIR_ENV, shipped_policy_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_POLICY_DIR = REPO_ROOT / "checkpoints" / "shipped"
 ENV_PREFIX = "BATCHPILOT_"
 POLICY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.onnx$"
 """A policy file name: no folder part, no leading dot, ends in .onnx (so no path can leave the
 policy folder)."""
-OTHER_VARIABLES = frozenset({"BATCHPILOT_TRACES_DIR"})
-"""``BATCHPILOT_*`` variables that other parts of the project read (the trace folder); any other
-one that is not a setting below is refused, so that a misspelt setting is not silently ignored."""
+OTHER_VARIABLES = frozenset({CHECKPOINTS_DIR_ENV, "BATCHPILOT_TRACES_DIR"})
+"""``BATCHPILOT_*`` variables that other parts of the project read (the checkpoint folder, and
+the trace folder, which ``env/traces/locations.py`` reads: runtime/ may not import env/); any
+other one that is not a setting below is refused, so that a misspelt setting is not silently
+ignored."""
 
 
 class Settings(BaseSettings):
@@ -37,7 +38,7 @@ class Settings(BaseSettings):
     """interface to listen on (``python -m runtime.server``); 0.0.0.0 for all"""
     port: int = Field(8000, ge=0, le=65535)
     """TCP port to listen on"""
-    policy_dir: Path = DEFAULT_POLICY_DIR
+    policy_dir: Path = Field(default_factory=shipped_policy_dir)
     """the policy folder: the start-up policy and every reload are read from it, nowhere else"""
     policy_file: str = Field("policy.onnx", pattern=POLICY_NAME_PATTERN + "|^$")
     """the policy loaded at start-up, a file name inside ``policy_dir``; empty for PID alone"""
@@ -113,7 +114,7 @@ def settings_table() -> str:
     for name, field in Settings.model_fields.items():
         default = field.default
         if name == "policy_dir":
-            default = "checkpoints/shipped (in the repository)"
+            default = f"checkpoints/shipped (see {CHECKPOINTS_DIR_ENV})"
         elif isinstance(default, bool):
             default = str(default).lower()
         elif default is None:

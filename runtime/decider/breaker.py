@@ -102,6 +102,7 @@ class CircuitBreaker:
                             self.state = "closed"
                             self._good = 0
             if state == "open":
+                assert self.opened_at is not None  # set whenever the state is open
                 if self.clock() - self.opened_at < self.cooldown_s:
                     return False
                 self.state = "half_open"

@@ -261,9 +261,9 @@ class GuardedDecider:
                              f"{list(x.shape)}")
         n = len(x)
         policy, missing = self._active
-        finite = np.isfinite(x).all(axis=1)
-        ok = np.zeros(n, dtype=bool)  # rows with a finite, slew-limited policy action
-        actions: list[list[float]] = []
+        finite: np.ndarray = np.isfinite(x).all(axis=1)  # type: ignore[assignment]
+        ok: np.ndarray = np.zeros(n, dtype=bool)  # rows with a finite, slew-limited policy action
+        actions: list[Knobs | None] = []
         failed = False
         if policy is not None and n:
             try:
@@ -273,7 +273,8 @@ class GuardedDecider:
                 elif finite.any():
                     raw[finite] = policy.act_batch(x[finite])
                 limited = slew_limit(raw, x[:, -NUM_KNOBS:].astype(np.float64), self.max_step)
-                ok = np.isfinite(raw).all(axis=1)
+                # numpy's stubs type all(axis=...) as a scalar or an array
+                ok = np.isfinite(raw).all(axis=1)  # type: ignore[assignment]
                 # map the good rows at once (the per-row mapping dominated a batch's time)
                 mapped = actions_to_knobs(limited[ok]) if ok.any() else []
                 actions = [None] * n
@@ -282,8 +283,8 @@ class GuardedDecider:
             except Exception as e:
                 failed = True
                 self._note_error(f"policy {policy.policy_version}: {type(e).__name__}: {e}")
-        finite_l = finite.tolist()
-        ok_l = ok.tolist()
+        finite_l: list[bool] = finite.tolist()
+        ok_l: list[bool] = ok.tolist()
         circuit_open = not self.breaker.is_closed()
         version = policy.policy_version if policy is not None else None
         out: list[Decision] = []
@@ -300,7 +301,9 @@ class GuardedDecider:
                 elif not ok_l[i]:
                     d = self._fallback(x[i], x[i].tolist(), NON_FINITE_OUTPUT, policy)
                 else:
-                    d = Decision(actions[i], "policy", SPEC_VERSION, version, None)
+                    knobs = actions[i]
+                    assert knobs is not None  # ok_l[i]: this row's action was mapped
+                    d = Decision(knobs, "policy", SPEC_VERSION, version, None)
             except Exception as e:
                 self._note_error(f"decide_batch row {i}: {type(e).__name__}: {e}")
                 d = self._static(None, POLICY_ERROR, policy)

@@ -232,6 +232,7 @@ class Engine:
         iv = self._interval
         iv.finished += 1
         if r.output_tokens >= 2:
+            assert r.first_token_s is not None  # it produced tokens
             tpot = (r.finish_s - r.first_token_s) / (r.output_tokens - 1)
             iv.tpot_ratios.append(tpot / r.tpot_target_s)
         if r.meets_slo():
@@ -347,7 +348,9 @@ class Engine:
                 break
             waiting.popleft()
             self._waiting_tokens -= r.num_tokens
-            r.block_ids = pool.allocate(need)
+            blocks = pool.allocate(need)
+            assert blocks is not None  # num_free was checked above
+            r.block_ids = blocks
             r.status = Status.RUNNING
             if r.admitted_s is None:
                 r.admitted_s = self.now
@@ -530,7 +533,9 @@ class Engine:
             r.num_output_tokens += k
             extra = -(-c // bs) - len(r.block_ids)
             if extra > 0:
-                r.block_ids.extend(pool.allocate(extra))
+                more = pool.allocate(extra)
+                assert more is not None, "the step reserved these blocks"
+                r.block_ids.extend(more)
             if r.num_output_tokens == r.output_tokens:
                 any_done = True
         if any_done:  # finish after all allocations, as the step-by-step path does

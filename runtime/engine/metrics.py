@@ -147,12 +147,14 @@ class SummaryAccumulator:
     def add(self, r: Request) -> None:
         """Account for ``r``, which has just finished or been rejected."""
         if r.status == Status.FINISHED:
+            assert r.first_token_s is not None and r.finish_s is not None
             self.finished += 1
             self.ttfts.append(r.first_token_s - r.arrival_s)
             if r.output_tokens >= 2:
                 self.tpots.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1))
             self.met += r.meets_slo()
         elif r.status == Status.REJECTED:
+            assert r.reject_reason is not None
             reason = r.reject_reason.value
             self.reasons[reason] = self.reasons.get(reason, 0) + 1
             if r.reject_reason != RejectReason.ABORTED:

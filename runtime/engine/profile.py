@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from runtime.engine.executor import Batch, DecodeCost, MemoryModel
+from runtime.locations import profiles_dir
 
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "profiles"
-DEFAULT_PROFILE_PATH = PROFILE_DIR / "h200-llama2-7b-40gib-roofline.json"
+DEFAULT_PROFILE_NAME = "h200-llama2-7b-40gib-roofline.json"
+"""the profile the engine uses when none is named, a file in :func:`profiles_dir`"""
 PROFILE_KINDS = ("roofline", "measured")
 
 
@@ -116,7 +117,7 @@ class Profile:
     @classmethod
     def load(cls, path: str | Path | None = None) -> Profile:
         """Load a profile file (the shipped roofline H200 profile when ``path`` is None)."""
-        path = Path(path) if path is not None else DEFAULT_PROFILE_PATH
+        path = Path(path) if path is not None else default_profile_path()
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:
@@ -125,3 +126,8 @@ class Profile:
             raise ValueError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}): "
                              f"{e.msg}") from None
         return cls.from_json(data, source=str(path))
+
+
+def default_profile_path() -> Path:
+    """The default profile's path (found through :mod:`runtime.locations`)."""
+    return profiles_dir() / DEFAULT_PROFILE_NAME

@@ -78,6 +78,7 @@ class Request:
         """Finished within both targets (a one-token output is judged on TTFT alone)."""
         if self.status != Status.FINISHED:
             return False
+        assert self.first_token_s is not None  # a finished request has its first token
         if self.first_token_s - self.arrival_s > self.ttft_target_s:
             return False
         tpot = self.tpot_s

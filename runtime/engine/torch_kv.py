@@ -251,6 +251,7 @@ class PagedKVCache:
             return src.index_select(1, p.local).view(shape)
         out = torch.empty(2 * nkv, num_blocks, bs * hd, device=self.device, dtype=self.dtype)
         for p in parts:
+            assert p.rows is not None  # only a single whole part goes without rows
             src = self.slabs[p.slab][layer].view(2 * nkv, -1, bs * hd)
             out.index_copy_(1, p.rows, src.index_select(1, p.local))
         return out.view(shape)

@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -153,6 +153,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class LlamaLayer(nn.Module):
+    input_norm: nn.Parameter
+    qkv_proj: nn.Parameter
+    o_proj: nn.Parameter
+    post_norm: nn.Parameter
+    gate_up_proj: nn.Parameter
+    down_proj: nn.Parameter
+
     def __init__(self, cfg: LlamaConfig, device: torch.device, dtype: torch.dtype) -> None:
         super().__init__()
         h, hd = cfg.hidden_size, cfg.head_dim
@@ -180,6 +187,13 @@ class LlamaModel(nn.Module):
         sequence's own context, segment softmax; the CPU default, where its cost follows the
         summed context that the cost model prices, not sequences x the longest context)
     """
+
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
+    def typed_layers(self) -> list[LlamaLayer]:
+        """The decoder layers, typed (``nn.ModuleList`` yields plain modules)."""
+        return cast("list[LlamaLayer]", self.layers)
 
     def __init__(self, cfg: LlamaConfig, device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, seed: int = 0,
@@ -239,7 +253,7 @@ class LlamaModel(nn.Module):
         cos = self.rope_cos[positions].unsqueeze(1)
         sin = self.rope_sin[positions].unsqueeze(1)
         h = F.embedding(input_ids, self.embed)
-        for li, layer in enumerate(self.layers):
+        for li, layer in enumerate(self.typed_layers()):
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
             qkv = F.linear(x, layer.qkv_proj)
             q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
@@ -254,6 +268,7 @@ class LlamaModel(nn.Module):
             x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
             gate, up = F.linear(x, layer.gate_up_proj).chunk(2, dim=-1)
             h = h + F.linear(F.silu(gate) * up, layer.down_proj)
+        assert plan.sample_rows is not None  # the plan is built with them
         h = rms_norm(h.index_select(0, plan.sample_rows), self.norm, cfg.rms_norm_eps)
         return F.linear(h, self.lm_head).float()
 
@@ -389,7 +404,7 @@ class LlamaModel(nn.Module):
         cos, sin = self.rope_cos[pos].unsqueeze(1), self.rope_sin[pos].unsqueeze(1)
         causal = torch.ones(n, n, dtype=torch.bool, device=input_ids.device).tril()
         h = F.embedding(input_ids, self.embed)
-        for layer in self.layers:
+        for layer in self.typed_layers():
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
             q, k, v = F.linear(x, layer.qkv_proj).split((nh * hd, nkv * hd, nkv * hd), dim=-1)
             q, k, v = q.view(n, nh, hd), k.view(n, nkv, hd), v.view(n, nkv, hd)
@@ -479,7 +494,7 @@ def load_safetensors(model: LlamaModel, path: str | Path) -> None:
 
     h_, i_ = cfg.hidden_size, cfg.intermediate_size
     put(model.embed, get("model.embed_tokens.weight", (cfg.vocab_size, h_)))
-    for i, layer in enumerate(model.layers):
+    for i, layer in enumerate(model.typed_layers()):
         pre = f"model.layers.{i}."
         put(layer.input_norm, get(pre + "input_layernorm.weight", (h_,)))
         put(layer.post_norm, get(pre + "post_attention_layernorm.weight", (h_,)))
