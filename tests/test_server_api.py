@@ -429,7 +429,7 @@ def test_the_start_up_policy_does_not_follow_a_symlink_out_of_the_folder(policy_
 
 def test_a_policy_that_answers_nan_on_real_observations_is_refused_by_reload(client,
                                                                              policy_dir):
-    (policy_dir / "nan.onnx").write_bytes(export_policy_bytes(nan_above=0.5))
+    (policy_dir / "nan.onnx").write_bytes((FIXTURES / "policy-nan-mid.onnx").read_bytes())
     r = client.post("/v1/policy/reload", json={"name": "nan.onnx"}, headers=AUTH)
     assert r.status_code == 422 and r.json()["detail"]["reason"] == "bad model signature"
     assert client.post("/v1/decide", json=raw_fields(arrival_rate_rps=4000.0)).json()[

@@ -198,10 +198,10 @@ def test_a_body_that_never_finishes_gets_408_and_the_connection_closes(policy_di
 
 def test_an_idle_keep_alive_connection_is_closed_after_its_timeout(policy_dir):
     body = json.dumps(raw_fields()).encode()
-    with serving(Settings(policy_dir=policy_dir, keep_alive_timeout_s=0.3)) as url:
+    with serving(Settings(policy_dir=policy_dir, keep_alive_timeout_s=1)) as url:
         sock = connect(url)
         sock.sendall(REQUEST + f"content-length: {len(body)}\r\n\r\n".encode() + body)
-        closed, data = closed_within(sock, 2.0)
+        closed, data = closed_within(sock, 3.0)
         assert closed and data.startswith(b"HTTP/1.1 200 ")
 
 

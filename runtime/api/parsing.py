@@ -131,10 +131,10 @@ def _check_names(row: Any, loc: tuple, errors: _Errors) -> bool:
 
 
 def _validate_rows(rows: list, loc: tuple, errors: _Errors,
-                   indexed: bool = True) -> list[dict[str, float]]:
+                   indexed: bool = True) -> list[Any]:
     """The rows validated (floats, bounds); stops at the first chunk with errors. ``indexed``:
     error locations name the row's index after ``loc`` (a batch), else not (one observation)."""
-    out: list[dict[str, float]] = []
+    out: list[Any] = []  # Observation dicts: field name to float
     for start in range(0, len(rows), VALIDATE_ROWS):
         chunk = rows[start:start + VALIDATE_ROWS]
         good = True
@@ -149,14 +149,14 @@ def _validate_rows(rows: list, loc: tuple, errors: _Errors,
         except ValidationError as e:
             for err in e.errors(include_url=False, include_input=False, include_context=False):
                 index, *rest = err["loc"]
-                where = (*loc, start + index, *rest) if indexed else (*loc, *rest)
+                where = (*loc, start + int(index), *rest) if indexed else (*loc, *rest)
                 errors.add(where, err["msg"], err["type"])
             break
     errors.raise_if_any()
     return out
 
 
-def parse_observation(body: bytes) -> dict[str, float]:
+def parse_observation(body: bytes) -> Any:
     """One observation from a ``POST /v1/decide`` body; raises ``RequestValidationError``."""
     if not body:
         _missing_body()
@@ -164,7 +164,7 @@ def parse_observation(body: bytes) -> dict[str, float]:
     return _validate_rows([_parse(body)], (), _Errors(), indexed=False)[0]
 
 
-def parse_batch(body: bytes) -> list[dict[str, float]]:
+def parse_batch(body: bytes) -> list[Any]:
     """The observations of a ``POST /v1/decide/batch`` body; raises ``RequestValidationError``."""
     if not body:
         _missing_body()
@@ -182,12 +182,14 @@ def parse_batch(body: bytes) -> list[dict[str, float]]:
             errors.add((name,), "Extra inputs are not permitted", "extra_forbidden")
             if errors.full:
                 break
-    if rows is not _ABSENT and not isinstance(rows, list):
+    if isinstance(rows, list):
+        if len(rows) > MAX_BATCH:
+            errors.add((_BATCH_KEY,), f"List should have at most {MAX_BATCH} items after "
+                       f"validation, not {len(rows)}", "too_long")
+    elif rows is not _ABSENT:
         errors.add((_BATCH_KEY,), "Input should be a valid list", "list_type")
-    elif rows is not _ABSENT and len(rows) > MAX_BATCH:
-        errors.add((_BATCH_KEY,), f"List should have at most {MAX_BATCH} items after "
-                   f"validation, not {len(rows)}", "too_long")
     errors.raise_if_any()
+    assert isinstance(rows, list)  # every other case raised above
     return _validate_rows(rows, (_BATCH_KEY,), errors)
 
 

@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(10.0, gt=0.0)
     """a request's body must arrive within this after its headers; else 408 and the connection
     is closed"""
-    keep_alive_timeout_s: float = Field(5.0, gt=0.0)
+    keep_alive_timeout_s: int = Field(5, ge=1)
     """an idle keep-alive connection is closed after this"""
     max_concurrency: int = Field(256, ge=1)
     """open connections (and requests in progress) at most; beyond it new requests get 503"""

@@ -113,7 +113,7 @@ class CircuitBreaker:
     def is_closed(self) -> bool:
         """Whether the policy may decide, read without a reading: not open, or open past its
         cool-down (the state changes only when the runtime's next reading arrives)."""
-        if self.trip_after == 0 or self.state != "open":
+        if self.trip_after == 0 or self.state != "open" or self.opened_at is None:
             return True
         return self.clock() - self.opened_at >= self.cooldown_s
 

@@ -56,6 +56,7 @@ from runtime.decider.decision import (
     PID_FAILED,
     POLICY_ERROR,
     Decision,
+    Source,
 )
 from runtime.decider.onnx_policy import OnnxPolicy, PolicyLoadError
 from runtime.decider.pid import PidController
@@ -308,7 +309,7 @@ class GuardedDecider:
                 self._note_error(f"decide_batch row {i}: {type(e).__name__}: {e}")
                 d = self._static(None, POLICY_ERROR, policy)
             out.append(d)
-        tally: dict[tuple[str, str | None], int] = {}
+        tally: dict[tuple[Source, str | None], int] = {}
         for d in out:
             key = (d.source, d.reason)
             tally[key] = tally.get(key, 0) + 1

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from runtime.decider.decision import SOURCES
+from runtime.decider.decision import SOURCES, Source
 
 WINDOW_S = 60
 """the span of the window, in seconds"""
@@ -29,10 +29,11 @@ class DecisionWindow:
         self.clock = clock
         self._lock = threading.Lock()
         self._second = [-1] * span_s  # the second each bucket holds
-        self._by_source = [dict.fromkeys(SOURCES, 0) for _ in range(span_s)]
+        self._by_source: list[dict[Source, int]] = [dict.fromkeys(SOURCES, 0)
+                                                     for _ in range(span_s)]
         self._by_reason: list[dict[str, int]] = [{} for _ in range(span_s)]
 
-    def record(self, source: str, reason: str | None, n: int = 1) -> None:
+    def record(self, source: Source, reason: str | None, n: int = 1) -> None:
         """Count ``n`` decisions made now by ``source`` (with the fallback ``reason``)."""
         second = int(self.clock())
         i = second % self.span_s
