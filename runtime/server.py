@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from runtime.api.body_limit import BodySizeLimit
@@ -46,6 +47,13 @@ def decider_from_settings(settings: Settings) -> GuardedDecider:
         log.warning("no policy, deciding with the PID: %s", e)
         return decider
     return GuardedDecider(path, max_step=settings.max_step, breaker=breaker)
+
+
+async def _client_disconnect(request: Request, exc: ClientDisconnect) -> Response:
+    """A client that hung up before its body arrived: nobody reads the answer, and it is no
+    server error (uvicorn logged a traceback for each, which under a client that does it on
+    purpose filled the log)."""
+    return Response(status_code=400)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -91,6 +99,7 @@ def create_app(settings: Settings | None = None,
     app.include_router(health.router)
     # starlette types a handler as taking any Exception; this one is registered for one kind
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ClientDisconnect, _client_disconnect)  # type: ignore[arg-type]
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes,
                        path_limits={"/v1/decide": settings.max_decide_body_bytes},
                        body_timeout_s=settings.body_timeout_s)

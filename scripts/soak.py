@@ -35,6 +35,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from array import array
 from pathlib import Path
@@ -197,8 +198,10 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO), BATCHPILOT_PORT=str(port),
                BATCHPILOT_HOST="127.0.0.1", BATCHPILOT_LOG_LEVEL="warning")
+    # the server's log goes to a file: a pipe nobody reads fills up and blocks the server
+    log = tempfile.TemporaryFile(mode="w+b")
     server = subprocess.Popen([sys.executable, "-m", "runtime.server"], cwd=REPO, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                              stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_healthy(port, server)
         segment = mp.Value("i", -1)
@@ -229,23 +232,33 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
         for p in procs:
             p.join(timeout=30)
         if server.poll() is not None:
-            raise RuntimeError(f"the server died: {server.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"the server died: {_tail(log)}")
     finally:
         server.send_signal(signal.SIGTERM)
         try:
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             server.kill()
+    log.seek(0)
+    text = log.read().decode(errors="replace")
+    log.close()
     report = _report(results, hostile_segments, memory, duration_s, warmup_s, segment_s, good,
                      hostile)
-    return {**report, "attacks": list(attacks)}
+    return {**report, "attacks": list(attacks),
+            "server_log_errors": sum(1 for line in text.splitlines()
+                                     if line.startswith(("ERROR", "Traceback")))}
+
+
+def _tail(log) -> str:
+    log.seek(0)
+    return log.read().decode(errors="replace")[-2000:]
 
 
 def _wait_healthy(port: int, server: subprocess.Popen, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"the server exited: {server.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"the server exited with {server.returncode}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
             conn.request("GET", "/healthz")
@@ -340,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  p99 ratio (with / without): {r['good_p99_ratio']:.2f}")
     print(f"  good answers by status: {r['good_status']} (5xx: {r['good_5xx']})")
     print(f"  hostile answers by status: {r['hostile_status']}")
+    print(f"  server log errors: {r['server_log_errors']}")
     print(f"  server memory: {r['memory_mib']['after_warmup']:.1f} MiB after warm-up, "
           f"{r['memory_mib']['end']:.1f} MiB at the end, slope "
           f"{r['memory_slope_mib_per_min']:+.3f} MiB/min")

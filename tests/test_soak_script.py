@@ -14,7 +14,7 @@ def test_a_short_soak_reports_both_conditions_errors_and_memory():
              attacks=("empty_rows", "text_plain", "slow"))
     assert r["good_decisions"]["without_hostile"] > 0 and r["good_decisions"]["with_hostile"] > 0
     assert r["good_p99_ms"]["without_hostile"] > 0 and r["good_p99_ratio"] > 0
-    assert r["good_5xx"] == 0 and r["good_not_200"] == 0
+    assert r["good_5xx"] == 0 and r["good_not_200"] == 0 and r["server_log_errors"] == 0
     assert set(r["hostile_status"]) == {"422"}  # every hostile request refused, none a 5xx
     assert r["memory_mib"]["end"] > 50 and math.isfinite(r["memory_slope_mib_per_min"])
 
