@@ -29,6 +29,9 @@ from typing import Any, Literal
 import numpy as np
 import tyro
 
+from env.session import RewardWeights
+from runtime.session import DEFAULT_INTERVAL_S
+
 
 @dataclass
 class Config:
@@ -81,13 +84,13 @@ class Config:
     """lowest rate scale an episode is drawn at"""
     rate_scale_max: float = 2.5
     """highest rate scale an episode is drawn at"""
-    interval_s: float = 0.25
+    interval_s: float = DEFAULT_INTERVAL_S
     """decision interval (simulated seconds)"""
-    memory_price: float = 0.05
+    memory_price: float = RewardWeights.memory_price
     """reward: price of the KV ratio per interval"""
-    violation_weight: float = 1.0
+    violation_weight: float = RewardWeights.violation_weight
     """reward: weight of an SLO violation against an SLO-meeting completion"""
-    oom_penalty: float = 0.5
+    oom_penalty: float = RewardWeights.oom_penalty
     """reward: penalty per OOM"""
     eval_every: int = 50_000
     """evaluate against the baselines every this many steps"""
@@ -289,7 +292,7 @@ def periodic_eval_windows(cfg: Config, trace_ranges: list[tuple[str, tuple]]) ->
 def evaluate_controller(controller, windows: list[tuple], interval_s: float,
                         profile) -> dict[str, float]:
     """SLO attainment of one controller on each window, and their mean."""
-    from agents.evaluate import run_episode
+    from agents.arena import run_episode
 
     out = {}
     for label, s, window in windows:
@@ -326,8 +329,9 @@ def export_best(cfg: Config, run_dir: Path, run_name: str, traces: list[str],
 
 def final_evaluation(cfg: Config, traces: list[str], onnx_path: Path, run_dir: Path):
     """The baselines and the exported policy on the eval split: result, plots, markdown table."""
-    from agents.evaluate import evaluate, markdown_table, plot
+    from agents.arena import evaluate
     from agents.export import stamp_metadata
+    from agents.report import markdown_table, plot
 
     controllers = [c for c in cfg.final_controllers.split(",") if c] + [f"policy:{onnx_path}"]
     result = evaluate(traces, controllers, cfg.final_rate_scales, part="eval",
@@ -396,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("WANDB_SILENT", "true")
     import wandb
 
-    from agents.evaluate import EvalSpec, make_controller
+    from agents.registry import EvalSpec, make_controller
     from agents.sb3_callbacks import PeriodicEval
     from env.traces.resolve import resolve_trace
     from runtime.engine.profile import Profile

@@ -2,10 +2,11 @@
 
 Decisions go through the runtime's :class:`runtime.decider.guard.GuardedDecider` (onnxruntime on
 one CPU thread, non-finite and error fallbacks to PID, range and slew clamps), so an evaluation
-measures the deployed path, not the training framework. The circuit breaker is off by default:
-under overload every controller's attainment stays below target, and a breaker would hand a
-policy's decisions to the PID exactly where the comparison matters; ``breaker=True`` turns it on
-with the evaluation's simulated clock.
+measures the deployed path, not the training framework; each decision says who decided (policy,
+PID or static) and why. The circuit breaker is off by default: under overload every
+controller's attainment stays below target, and a breaker would hand a policy's decisions to the
+PID exactly where the comparison matters; ``breaker=True`` turns it on with the evaluation's
+simulated clock.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from runtime.decider.breaker import CircuitBreaker
+from runtime.decider.decision import Decision
 from runtime.decider.guard import GuardedDecider
-from runtime.knobs import Knobs
 
 
 class PolicyController:
@@ -31,12 +32,9 @@ class PolicyController:
         if self.decider.policy is None:
             raise ValueError(f"policy {path} was refused: {self.decider.last_error}")
         self.name = f"policy:{path}"
-        self.last_source = "policy"
 
     def reset(self) -> None:
         self.decider.breaker.reset()
 
-    def decide(self, observation: np.ndarray) -> Knobs:
-        decision = self.decider.decide(observation)
-        self.last_source = decision.source
-        return decision.knobs
+    def decide(self, observation: np.ndarray) -> Decision:
+        return self.decider.decide(observation)

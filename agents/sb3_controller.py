@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.knobs import Knobs, action_to_knobs
+from runtime.decider.decision import Decision, decided_by
+from runtime.knobs import action_to_knobs
 
 
 class SB3PolicyController:
@@ -19,9 +20,9 @@ class SB3PolicyController:
     def reset(self) -> None:
         pass
 
-    def decide(self, observation: np.ndarray) -> Knobs:
+    def decide(self, observation: np.ndarray) -> Decision:
         obs = np.asarray(observation, dtype=np.float32)[None, :]
         if self.vecnormalize is not None:
             obs = self.vecnormalize.normalize_obs(obs)
         action, _ = self.model.predict(obs, deterministic=True)
-        return action_to_knobs(np.asarray(action).reshape(-1))
+        return decided_by(action_to_knobs(np.asarray(action).reshape(-1)), self.name)

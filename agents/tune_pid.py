@@ -10,22 +10,24 @@ current defaults and the static default, and writes every candidate's score to `
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import tyro
+from tqdm import tqdm
 
-from agents.evaluate import run_episode
+from agents.arena import run_episode
 from env.traces import rate_scale, split, time_window
 from env.traces.resolve import resolve_trace
 from runtime.decider.controller import StaticController
 from runtime.decider.pid import PidController, PidGains
 from runtime.engine.profile import Profile
+from runtime.session import DEFAULT_INTERVAL_S
 
 TUNING_LOADS = {"synthetic": (1.25, 1.5), "azure-conv": (1.25, 1.5, 1.75),
                 "azure-code": (0.5, 0.75, 1.0)}
@@ -46,7 +48,7 @@ def score(args) -> tuple[dict, list[float]]:
     gains, traces, window_s, interval_s = args
     profile = Profile.load()
     controller = (StaticController() if gains is None else PidController(PidGains(**gains)))
-    atts = [run_episode(w, controller, interval_s=interval_s, profile=profile)
+    atts = [run_episode(w, controller, interval_s=interval_s, profile=profile, tally=False)
             .summary["slo_attainment"] for _, _, w in windows(traces, window_s)]
     return gains, atts
 
@@ -67,17 +69,32 @@ def sample_gains(rng: np.random.Generator) -> dict:
     }
 
 
+@dataclass
+class Config:
+    traces: str = "synthetic,azure-conv,azure-code"
+    """traces to tune on, comma-separated (a missing one is skipped with a note)"""
+    candidates: int = 48
+    """random gain sets to try besides the current ones"""
+    window_s: float = 600.0
+    """seconds of each trace's training split to replay"""
+    interval_s: float = DEFAULT_INTERVAL_S
+    """the decision interval, engine seconds"""
+    seed: int = 0
+    """seed of the random search"""
+    workers: int = 2
+    """worker processes"""
+    out: Path = Path("runs/tune_pid.json")
+    """where every candidate's score is written"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agents.tune_pid",
-                                 description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", default="synthetic,azure-conv,azure-code")
-    ap.add_argument("--candidates", type=int, default=48)
-    ap.add_argument("--window-s", type=float, default=600.0)
-    ap.add_argument("--interval-s", type=float, default=0.25)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--out", type=Path, default=Path("runs/tune_pid.json"))
-    args = ap.parse_args(argv)
+    args = tyro.cli(Config, args=argv, prog="python -m agents.tune_pid",
+                    description=__doc__.splitlines()[0])
+    for flag, value in (("--candidates", args.candidates), ("--workers", args.workers),
+                        ("--window-s", args.window_s), ("--interval-s", args.interval_s)):
+        if not value > 0:
+            print(f"tune_pid: {flag} must be > 0, got {value}", file=sys.stderr)
+            return 2
     traces = []
     for t in args.traces.split(","):
         try:
@@ -90,14 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     cands = [None, current] + [sample_gains(rng) for _ in range(args.candidates)]
     jobs = [(c, traces, args.window_s, args.interval_s) for c in cands]
     labels = [f"{t} x{s:g}" for t, s, _ in windows(traces, args.window_s)]
-    t0 = time.perf_counter()
     results = []
     with ProcessPoolExecutor(args.workers) as pool:
-        for i, (gains, atts) in enumerate(pool.map(score, jobs), 1):
+        for gains, atts in tqdm(pool.map(score, jobs), total=len(jobs), desc="candidates"):
             results.append({"gains": gains, "attainment": atts, "mean": float(np.mean(atts))})
-            print(f"\r{i}/{len(jobs)} candidates ({time.perf_counter() - t0:.0f} s)", end="",
-                  file=sys.stderr, flush=True)
-    print(file=sys.stderr)
     static, cur = results[0], results[1]
     best = max(results[1:], key=lambda r: r["mean"])
     args.out.parent.mkdir(parents=True, exist_ok=True)

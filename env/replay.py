@@ -1,56 +1,41 @@
-"""Replay a trace through the engine with fixed knobs: the simplest use of the whole stack."""
+"""Replay a trace through the runtime's interval loop: fixed knobs (the simplest use of the whole
+stack) or any controller deciding every interval."""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
 
 from env.traces.trace import Trace
-from runtime.engine.engine import Engine, EngineConfig
-from runtime.engine.metrics import RunSummary
+from runtime.decider.controller import Decider
+from runtime.engine.engine import EngineConfig
+from runtime.engine.executor import Executor
 from runtime.engine.profile import Profile
 from runtime.engine.sim_executor import SimulatedExecutor
-from runtime.knobs import Knobs
+from runtime.knobs import DEFAULT_KNOBS, Knobs
+from runtime.session import (
+    DEFAULT_INTERVAL_S,
+    IntervalRecord,
+    Pacer,
+    RunResult,
+)
+from runtime.session import replay as run_requests
 
 
-@dataclass(frozen=True)
-class ReplayResult:
-    summary: RunSummary
-    wall_seconds: float
-    engine: Engine
-
-    @property
-    def speedup(self) -> float:
-        """Simulated seconds per wall second."""
-        return self.summary.sim_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-    def as_dict(self) -> dict:
-        s = self.summary
-        return {
-            "requests": s.requests, "finished": s.finished, "rejected": s.rejected,
-            "rejected_by_reason": s.rejected_by_reason,
-            "slo_attainment": s.slo_attainment, "goodput_rps": s.goodput_rps,
-            "ttft_p50_s": s.ttft_p50_s, "ttft_p90_s": s.ttft_p90_s, "ttft_p99_s": s.ttft_p99_s,
-            "tpot_p50_s": s.tpot_p50_s, "tpot_p90_s": s.tpot_p90_s, "tpot_p99_s": s.tpot_p99_s,
-            "preemptions": s.preemptions, "ooms": s.ooms, "iterations": s.iterations,
-            "sim_seconds": s.sim_seconds, "wall_seconds": self.wall_seconds,
-            "speedup": self.speedup,
-        }
-
-
-def replay(trace: Trace, knobs: Knobs, *, profile: Profile | None = None,
-           config: EngineConfig | None = None) -> ReplayResult:
-    """Run every request of ``trace`` to its end with ``knobs`` held fixed.
-
-    The wall time counts the engine only (building the requests included), not reading the trace.
-    """
+def replay(trace: Trace, knobs: Knobs = DEFAULT_KNOBS, *, decider: Decider | None = None,
+           profile: Profile | None = None, config: EngineConfig | None = None,
+           executor: Executor | None = None, interval_s: float = DEFAULT_INTERVAL_S,
+           pacer: Pacer | None = None, max_s: float = math.inf,
+           on_interval: Callable[[IntervalRecord], None] | None = None,
+           history: int = 0) -> RunResult:
+    """Run every request of ``trace`` to its end (see :func:`runtime.session.replay`), on
+    ``executor`` or a simulated one from ``profile``. The wall time counts the engine only
+    (building the requests included), not reading the trace. A request of an SLO class the
+    engine does not know is refused before anything runs."""
     config = config if config is not None else EngineConfig()
     trace.check_classes(config.slo_classes)
-    executor = SimulatedExecutor(profile)
-    t0 = time.perf_counter()
-    engine = Engine(executor, knobs, config)
-    engine.add_requests(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                        trace.slo_class)
-    engine.run_to_completion()
-    wall = time.perf_counter() - t0
-    return ReplayResult(engine.summary(), wall, engine)
+    return run_requests(executor if executor is not None else SimulatedExecutor(profile),
+                        trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                        trace.slo_class, decider=decider, knobs=knobs, interval_s=interval_s,
+                        pacer=pacer, config=config, max_s=max_s, on_interval=on_interval,
+                        history=history)

@@ -14,19 +14,13 @@ from env.traces import rate_scale, time_window
 from env.traces import split as split_trace
 from env.traces.resolve import resolve_trace
 from env.traces.trace import Trace
-from runtime.decider.guard import DEFAULT_MAX_STEP
+from runtime.decider.guard import DEFAULT_MAX_STEP, slew_limit_one
 from runtime.engine.engine import EngineConfig
 from runtime.engine.factory import make_executor
 from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, NUM_KNOBS, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM, OBS_HIGH, OBS_LOW, observation_table
-
-DEFAULT_INTERVAL_S = 0.25
-"""Decision interval. Bursts in the Azure code trace build in well under a second (its 1-s peaks
-are 28x the mean rate), so a controller deciding once a second reacts after the damage is done;
-at 0.25 s it acts within the burst while an interval still holds several iterations of the
-engine (5-50 ms each) and enough arrivals at loads of interest for rates and percentiles to
-mean something."""
+from runtime.session import DEFAULT_INTERVAL_S
 
 
 class ServingEnv(gym.Env):
@@ -81,7 +75,7 @@ class ServingEnv(gym.Env):
     - ``episode_s``: window length in simulated seconds after rate scaling (default 120)
     - ``rate_scale_range``: (low, high) of the rate scale (default (0.5, 4))
     - ``interval_s``: decision interval, default {DEFAULT_INTERVAL_S} s (why: see
-      :data:`DEFAULT_INTERVAL_S`)
+      :data:`runtime.session.DEFAULT_INTERVAL_S`)
     - ``executor``: ``"sim"`` (the simulated executor, default) or ``"torch"`` (a real
       Llama-architecture model, :class:`runtime.engine.torch_executor.TorchExecutor`; its
       shape, device and memory budget come from ``torch_executor``, default the tiny CPU shape)
@@ -99,8 +93,10 @@ class ServingEnv(gym.Env):
                  episode_s: float = 120.0, rate_scale_range: tuple[float, float] = (0.5, 4.0),
                  interval_s: float = DEFAULT_INTERVAL_S, executor: str = "sim",
                  profile: str | None = None, torch_executor: dict | None = None,
-                 max_step: float = DEFAULT_MAX_STEP, violation_weight: float = 1.0,
-                 memory_price: float = 0.05, oom_penalty: float = 0.5,
+                 max_step: float = DEFAULT_MAX_STEP,
+                 violation_weight: float = RewardWeights.violation_weight,
+                 memory_price: float = RewardWeights.memory_price,
+                 oom_penalty: float = RewardWeights.oom_penalty,
                  engine_config: EngineConfig | None = None, trace_seed: int = 0,
                  render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -175,12 +171,8 @@ class ServingEnv(gym.Env):
         values = action.tolist() if hasattr(action, "tolist") else list(action)
         if len(values) != NUM_KNOBS:
             raise ValueError(f"an action has {NUM_KNOBS} components, got {len(values)}")
-        # the decider's slew_limit, on three floats (numpy's per-call cost is most of a step's
-        # own overhead)
-        m = self.max_step
-        limited = [min(max(a, c - m), c + m)
-                   for a, c in zip(values, knobs_to_action(self.session.engine.knobs))]
-        knobs = action_to_knobs(limited)
+        knobs = action_to_knobs(slew_limit_one(*values, knobs_to_action(self.session.engine.knobs),
+                                               self.max_step))
         result = self.session.step(knobs)
         truncated = self.session.window_over
         info = self._info(result)

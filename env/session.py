@@ -1,7 +1,9 @@
-"""One replay of a trace window through the engine, one decision interval at a time.
+"""The Gymnasium environment's episode: a trace window run through the runtime's interval loop
+(:class:`runtime.session.Session`), with the reward.
 
-The Gymnasium environment and the evaluation harness both drive this, so a controller is judged
-on exactly the data path a policy is trained on: engine -> interval stats -> features -> knobs.
+The environment, the arena and the serving runtime all run the same loop, so a controller is
+judged on exactly the data path a policy is trained on: engine -> interval stats -> features ->
+knobs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from runtime.engine.metrics import IntervalStats
 from runtime.engine.profile import Profile
 from runtime.engine.sim_executor import SimulatedExecutor
 from runtime.knobs import DEFAULT_KNOBS, Knobs
-from runtime.observation import FeatureBuilder
+from runtime.session import DEFAULT_INTERVAL_S, Pacer, Session
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,18 @@ class StepResult:
     reward_terms: dict[str, float]
 
 
+def trace_engine(trace: Trace, *, executor: Executor | None = None,
+                 profile: Profile | None = None, config: EngineConfig | None = None,
+                 knobs: Knobs = DEFAULT_KNOBS, pacer: Pacer | None = None) -> Engine:
+    """An engine with every request of ``trace`` queued, on ``executor`` (default: a simulated
+    one from ``profile``), wrapped by ``pacer`` when it paces in wall-clock time."""
+    ex = executor if executor is not None else SimulatedExecutor(profile)
+    engine = Engine(pacer.executor(ex) if pacer is not None else ex, knobs, config)
+    engine.add_requests(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                        trace.slo_class)
+    return engine
+
+
 class ServingSession:
     """:param trace: the requests of the window, arrivals from 0
     :param interval_s: the decision interval (simulated seconds)
@@ -68,19 +82,16 @@ class ServingSession:
     :param executor: a ready executor (the torch one); default a simulated one from ``profile``
     """
 
-    def __init__(self, trace: Trace, *, interval_s: float = 0.25, profile: Profile | None = None,
-                 config: EngineConfig | None = None, knobs: Knobs = DEFAULT_KNOBS,
-                 weights: RewardWeights | None = None, executor: Executor | None = None) -> None:
-        if not interval_s > 0:
-            raise ValueError(f"interval_s must be positive, got {interval_s}")
+    def __init__(self, trace: Trace, *, interval_s: float = DEFAULT_INTERVAL_S,
+                 profile: Profile | None = None, config: EngineConfig | None = None,
+                 knobs: Knobs = DEFAULT_KNOBS, weights: RewardWeights | None = None,
+                 executor: Executor | None = None) -> None:
         self.trace = trace
-        self.interval_s = interval_s
         self.weights = weights if weights is not None else RewardWeights()
-        self.engine = Engine(executor if executor is not None else SimulatedExecutor(profile),
-                             knobs, config)
-        self.engine.add_requests(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                                 trace.slo_class)
-        self.features = FeatureBuilder()
+        self.loop = Session(trace_engine(trace, executor=executor, profile=profile,
+                                         config=config, knobs=knobs), interval_s=interval_s)
+        self.engine = self.loop.engine
+        self.interval_s = self.loop.interval_s
         self.end_s = float(trace.arrival_s[-1]) if len(trace) else 0.0
         rate = len(trace) / max(self.end_s, interval_s)
         self.requests_per_interval = max(1.0, rate * interval_s)
@@ -96,18 +107,15 @@ class ServingSession:
         return self.engine.now >= self.end_s
 
     def step(self, knobs: Knobs) -> StepResult:
-        """Apply ``knobs``, run one decision interval, and observe it."""
-        engine = self.engine
-        engine.set_knobs(knobs)
-        engine.run_until(engine.now + self.interval_s)
-        stats = engine.collect_interval()
-        obs = self.features.observe(stats, engine.knobs)
+        """Apply ``knobs``, run to the next point of the interval grid, and observe it."""
+        self.loop.apply(knobs)
+        stats, obs = self.loop.advance()
         w = self.weights
         served = (stats.met - w.violation_weight * stats.violations) / self.requests_per_interval
-        memory = w.memory_price * engine.knobs.kv_cache_ratio
+        memory = w.memory_price * self.engine.knobs.kv_cache_ratio
         oom = w.oom_penalty * stats.ooms
         self.num_steps += 1
-        return StepResult(obs, served - memory - oom, stats, engine.knobs,
+        return StepResult(obs, served - memory - oom, stats, self.engine.knobs,
                           {"served": served, "memory": -memory, "oom": -oom})
 
     @property

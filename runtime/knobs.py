@@ -111,12 +111,6 @@ def _to_unit(spec: KnobSpec, value: float) -> float:
     return (value - spec.low) / (spec.high - spec.low)
 
 
-def _from_unit(spec: KnobSpec, u: float) -> float:
-    if spec.scale == "log":
-        return math.exp(math.log(spec.low) + u * (math.log(spec.high) - math.log(spec.low)))
-    return spec.low + u * (spec.high - spec.low)
-
-
 # action_to_knobs is on every decision's path, so it is unrolled over the three knobs; these
 # constants come from KNOB_SPECS and the assert keeps the unrolled code honest if the table moves.
 _W, _C, _R = KNOB_SPECS

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import tyro
 
-from agents.evaluate import find_capacity
+from agents.arena import find_capacity
 from env.replay import replay
 from env.traces import rate_scale
 from env.traces.resolve import resolve_trace
@@ -37,10 +37,10 @@ def speed_row(trace, label: str, scale: float, profile: Profile, fast: bool = Tr
     r = replay(t, DEFAULT_KNOBS, profile=profile, config=EngineConfig(fast_path=fast))
     s = r.summary
     return {"trace": label, "rate_scale": scale, "path": "closed-form" if fast else "step",
-            "requests": s.requests, "sim_seconds": s.sim_seconds, "wall_seconds": r.wall_seconds,
+            "requests": s.requests, "sim_seconds": s.sim_seconds, "wall_seconds": r.wall_s,
             "speedup": r.speedup, "iterations": s.iterations,
             "fast_stretches": r.engine.num_fast_stretches,
-            "us_per_iteration": r.wall_seconds / max(s.iterations, 1) * 1e6,
+            "us_per_iteration": r.wall_s / max(s.iterations, 1) * 1e6,
             "slo_attainment": s.slo_attainment}
 
 

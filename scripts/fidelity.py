@@ -186,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         cargs = copy.copy(args)
         cargs.seed, cargs.duration = args.seed + 1000, args.calibrate_seconds
         crec = RecordingExecutor(torch_ex)
-        cres = run(cargs, crec, realtime=args.timer == "wall")
-        x, y = record_features(crec.records, cres.iteration_lags or None)
+        clags: list[float] = []
+        run(cargs, crec, realtime=args.timer == "wall", lags=clags)
+        x, y = record_features(crec.records, clags or None)
         cost = fit_cost_model(x, y)
         profile = dataclasses.replace(shipped, name=shipped.name + "+in-situ", cost=cost)
         calib = {"iterations": int(len(y)), "seconds": args.calibrate_seconds,
@@ -195,18 +196,19 @@ def main(argv: list[str] | None = None) -> int:
                  "cost": dataclasses.asdict(cost)}
     rec = RecordingExecutor(torch_ex, keep_shapes=args.retime > 0)
     log(f"measured replay ({args.timer} timer, {args.duration:g} s window) ...")
-    measured = run(args, rec, realtime=args.timer == "wall")
+    lags: list[float] = []
+    measured = run(args, rec, realtime=args.timer == "wall", lags=lags)
     torch_s = time.perf_counter() - t
     log("simulated replay ...")
     t = time.perf_counter()
     simulated = run(args, SimulatedExecutor(profile), realtime=False)
     sim_s = time.perf_counter() - t
 
-    x, y = record_features(rec.records, measured.iteration_lags or None)
+    x, y = record_features(rec.records, lags or None)
     err = np.abs(predict(profile.cost, x) - y) / y
     shipped_err = np.abs(predict(shipped.cost, x) - y) / y
     kinds = kind_masks(x)
-    m, s = measured.summary, simulated.summary
+    m, s = measured.as_dict(), simulated.as_dict()
     out = {
         "iter_err_median": float(np.median(err)),
         "iter_err_p90": float(np.percentile(err, 90)),
@@ -241,8 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                                args.retime_repeats, args.seed)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({**out, "intervals_measured": measured.intervals,
-                                        "intervals_simulated": simulated.intervals},
+        args.out.write_text(json.dumps({**out, "intervals_measured":
+                                        [r.as_dict() for r in measured.intervals],
+                                        "intervals_simulated":
+                                        [r.as_dict() for r in simulated.intervals]},
                                        indent=2) + "\n")
     print(json.dumps(out, indent=None if args.json else 2))
     return 0

@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             ("TPOT p50 / p99", f"{out['tpot_p50_s'] * 1e3:.1f} ms / "
                                f"{out['tpot_p99_s'] * 1e3:.1f} ms"),
             ("preemptions / OOMs", f"{out['preemptions']} / {out['ooms']}"),
-            ("simulated / wall", f"{out['sim_seconds']:.0f} s / {out['wall_seconds']:.2f} s "
+            ("simulated / wall", f"{out['sim_seconds']:.0f} s / {out['wall_s']:.2f} s "
                                  f"({out['speedup']:.0f}x)")]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

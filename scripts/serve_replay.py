@@ -6,15 +6,14 @@ controller retuning the knobs every decision interval; print the run's summary a
     python scripts/serve_replay.py --executor sim \
         --profile checkpoints/profiles/cpu-tiny-measured.json
 
-``--controller`` is ``static``, ``pid``, or ``module:factory`` for any other decider (for example
-the ONNX decider): the factory is called with no arguments and must return an object with
-``decide(observation) -> Knobs``. The summary has the fields of the simulated replay
-(``Engine.summary()``) plus ``wall_s``.
+``--controller`` is any name of the controller registry (:mod:`agents.registry`): ``static``
+(the knobs given), ``pid``, ``aimd``, ``policy:PATH``, or ``module:factory`` for any other
+controller (called with no arguments; it answers ``decide(observation) -> Decision``). The
+summary has the fields of the simulated replay (``Engine.summary()``) plus ``wall_s``.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import sys
@@ -25,37 +24,22 @@ from typing import Literal
 
 import tyro
 
+from agents.registry import EvalSpec, make_controller
 from env.traces import LogNormalLengths, Trace, poisson, time_window
 from env.traces.lengths import Z_99
 from env.traces.resolve import resolve_trace
-from runtime.decider.controller import StaticController
-from runtime.decider.pid import PidController
 from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.engine.slo import SloTarget
 from runtime.knobs import Knobs
+from runtime.session import DEFAULT_HISTORY, RunResult, SimulatedPacer, replay
 from runtime.steady_cpu import steady_allocator
-from runtime.wallclock import ReplayResult, replay
+from runtime.wallclock import WallClockPacer
 
 # Defaults sized for the CPU tiny shape (an iteration takes a few milliseconds): targets that
 # put attainment in the middle of its range under the default load, so errors show.
 TINY_SLO = {"ttft_s": 0.25, "tpot_s": 0.02}
 H200_SLO = {"ttft_s": 1.0, "tpot_s": 0.05}
-
-
-def controller_from_spec(spec: str, knobs: Knobs):
-    """``static`` | ``pid`` | ``module:factory``."""
-    if spec == "static":
-        return StaticController(knobs)
-    if spec == "pid":
-        return PidController()
-    if ":" not in spec:
-        raise ValueError(f"--controller must be static, pid or module:factory, got {spec!r}")
-    mod, attr = spec.split(":", 1)
-    obj = getattr(importlib.import_module(mod), attr)()
-    if not hasattr(obj, "decide"):
-        raise ValueError(f"{spec} returned {type(obj).__name__}, which has no decide()")
-    return obj
 
 
 @dataclass
@@ -175,13 +159,20 @@ def warm_up(executor, iterations: int = 5) -> None:
             executor.execute(b, 0.5)
 
 
-def run(args: ServeReplayArgs, executor, realtime: bool) -> ReplayResult:
+def run(args: ServeReplayArgs, executor, realtime: bool,
+        lags: list[float] | None = None) -> RunResult:
+    """Replay the window of ``args`` on ``executor``; in wall-clock time when ``realtime``
+    (every iteration's lag then goes to ``lags`` when given)."""
     w = window_from_args(args)
     knobs = Knobs.clamped(args.window_ms, args.chunk, args.ratio)
+    config = engine_config_from_args(args)
+    spec = EvalSpec(args.trace or "synthetic", "train", None, args.interval, config, knobs)
+    pacer = (WallClockPacer(on_lag=lags.append if lags is not None else None) if realtime
+             else SimulatedPacer())
     return replay(executor, w.arrival_s, w.prompt_tokens, w.output_tokens,
-                  controller=controller_from_spec(args.controller, knobs), knobs=knobs,
-                  interval_s=args.interval, realtime=realtime,
-                  config=engine_config_from_args(args))
+                  decider=make_controller(args.controller, spec), knobs=knobs,
+                  interval_s=args.interval, pacer=pacer, config=config,
+                  history=DEFAULT_HISTORY)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,12 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"replaying {len(w)} requests ({w.source}) on {args.executor} "
           f"({args.shape}, {args.device}), controller {args.controller}", file=sys.stderr)
     res = run(args, executor, realtime)
-    out = {"summary": res.summary, "setup_s": setup_s, "window": w.source,
-           "intervals": res.intervals}
+    out = {"summary": res.as_dict(), "setup_s": setup_s, "window": w.source,
+           "intervals": [r.as_dict() for r in res.intervals]}
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(res.summary, indent=2))
+    print(json.dumps(out["summary"], indent=2))
     return 0
 
 

@@ -11,6 +11,7 @@ from agents.controllers.aimd import AimdController
 from agents.controllers.best_static import grid_search
 from agents.controllers.heuristic import HeuristicController, ewma, heuristic_ratio
 from runtime.decider.controller import Controller, StaticController
+from runtime.decider.decision import Decision
 from runtime.decider.pid import PidController, PidGains
 from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS, Knobs, knobs_to_action
@@ -31,24 +32,29 @@ def obs(**fields) -> np.ndarray:
 def test_every_controller_implements_the_interface(controller):
     assert isinstance(controller, Controller)
     controller.reset()
-    assert isinstance(controller.decide(obs()), Knobs)
+    decision = controller.decide(obs())
+    assert isinstance(decision, Decision) and isinstance(decision.knobs, Knobs)
+    assert (decision.source, decision.reason, decision.policy_version) == (
+        controller.name, None, None)
 
 
 def test_aimd_grows_the_chunk_additively_while_tpot_holds_and_backs_off_when_missed():
     c = AimdController(chunk_step=256, backoff=0.9)
-    assert c.decide(obs(tpot_p99_ratio=0.5)).prefill_chunk_tokens == 2048 + 256
-    assert c.decide(obs(tpot_p99_ratio=1.5)).prefill_chunk_tokens == round(2048 * 0.9 / 16) * 16
+    assert c.decide(obs(tpot_p99_ratio=0.5)).knobs.prefill_chunk_tokens == 2048 + 256
+    assert (c.decide(obs(tpot_p99_ratio=1.5)).knobs.prefill_chunk_tokens
+            == round(2048 * 0.9 / 16) * 16)
 
 
 def test_aimd_halves_the_window_when_ttft_is_missed():
     c = AimdController()
-    assert c.decide(obs(batch_window_ms=40, ttft_p99_ratio=2.0)).batch_window_ms == 20
+    assert c.decide(obs(batch_window_ms=40, ttft_p99_ratio=2.0)).knobs.batch_window_ms == 20
 
 
 def test_aimd_raises_kv_on_preemption_and_backs_off_on_oom():
     c = AimdController(ratio_step=0.02, backoff=0.9)
-    assert c.decide(obs(kv_cache_ratio=0.8, preemptions=3)).kv_cache_ratio == pytest.approx(0.82)
-    assert c.decide(obs(kv_cache_ratio=0.9, ooms=1)).kv_cache_ratio == pytest.approx(
+    assert (c.decide(obs(kv_cache_ratio=0.8, preemptions=3)).knobs.kv_cache_ratio
+            == pytest.approx(0.82))
+    assert c.decide(obs(kv_cache_ratio=0.9, ooms=1)).knobs.kv_cache_ratio == pytest.approx(
         0.4 + 0.5 * 0.9)
 
 
@@ -65,7 +71,7 @@ def test_heuristic_maps_the_batch_estimate_to_the_chunk_and_the_ratio():
     memory = Profile.load().memory
     c = HeuristicController(memory, tpot_target_s=0.05)
     # latency 25 ms; free memory: half of the KV pool at ratio 0.9 plus the workspace
-    knobs = c.decide(obs(tpot_p99_ratio=0.5, kv_utilization=0.5))
+    knobs = c.decide(obs(tpot_p99_ratio=0.5, kv_utilization=0.5)).knobs
     free_gib = (0.5 * memory.kv_bytes(0.9) + memory.workspace_bytes(0.9)) / 2**30
     batch = min(256.0, max(1.0, free_gib * 1024 / (25.0 * 0.8)))
     assert knobs.prefill_chunk_tokens == min(16384, round(batch * 64 / 16) * 16)
@@ -75,7 +81,7 @@ def test_heuristic_maps_the_batch_estimate_to_the_chunk_and_the_ratio():
 
 def test_heuristic_keeps_the_default_until_it_has_a_latency_sample():
     c = HeuristicController(Profile.load().memory)
-    assert c.decide(obs(tpot_p99_ratio=0.0)) == DEFAULT_KNOBS
+    assert c.decide(obs(tpot_p99_ratio=0.0)).knobs == DEFAULT_KNOBS
 
 
 def test_pid_shortens_the_window_when_ttft_runs_over_and_is_stateless():
@@ -85,7 +91,7 @@ def test_pid_shortens_the_window_when_ttft_runs_over_and_is_stateless():
               kv_utilization_prev=0.85)
     a, b = pid.decide(hot), pid.decide(hot)
     assert a == b  # same observation, same decision: no hidden state
-    assert a.batch_window_ms < 50
+    assert a.knobs.batch_window_ms < 50
 
 
 def test_pid_raises_the_kv_ratio_under_preemptions_and_lowers_it_on_kv_slack():
@@ -94,8 +100,8 @@ def test_pid_raises_the_kv_ratio_under_preemptions_and_lowers_it_on_kv_slack():
     base = dict(kv_utilization=0.85, kv_utilization_prev=0.85, kv_cache_ratio=0.7,
                 ttft_p99_ratio=0.5, ttft_p99_ratio_prev=0.5, tpot_p99_ratio=0.7,
                 tpot_p99_ratio_prev=0.7)
-    assert pid.decide(obs(**base, preemptions=4)).kv_cache_ratio > 0.7
-    assert pid.decide(obs(**dict(base, kv_utilization=0.2))).kv_cache_ratio < 0.7
+    assert pid.decide(obs(**base, preemptions=4)).knobs.kv_cache_ratio > 0.7
+    assert pid.decide(obs(**dict(base, kv_utilization=0.2))).knobs.kv_cache_ratio < 0.7
 
 
 def test_pid_keeps_every_knob_within_its_box_around_the_static_knobs():
@@ -109,13 +115,13 @@ def test_pid_keeps_every_knob_within_its_box_around_the_static_knobs():
         assert s[1] - g.chunk_box <= a[1] <= s[1] + g.chunk_box
         assert a[2] == s[2]  # the KV ratio's box is empty by default
     wide = obs(**Knobs(5.0, 16384, 0.9).as_dict())
-    assert pid.decide(wide).prefill_chunk_tokens == 4096  # 2048 x 2
+    assert pid.decide(wide).knobs.prefill_chunk_tokens == 4096  # 2048 x 2
 
 
 def test_pid_goes_back_to_the_static_chunk_and_ratio_after_an_oom():
     pid = PidController(PidGains(kv_box_down=2.0, kv_box_up=2.0))
     k = pid.decide(obs(**Knobs(20.0, 3072, 0.8).as_dict(), ooms=2.0, ttft_p99_ratio=0.5,
-                       ttft_p99_ratio_prev=0.5))
+                       ttft_p99_ratio_prev=0.5)).knobs
     assert (k.prefill_chunk_tokens, k.kv_cache_ratio) == (2048, 0.9)
     assert k.batch_window_ms != DEFAULT_KNOBS.batch_window_ms  # the window loop still runs
 
@@ -123,8 +129,8 @@ def test_pid_goes_back_to_the_static_chunk_and_ratio_after_an_oom():
 def test_pid_goes_back_to_the_static_knobs_when_attainment_is_bad():
     pid = PidController()
     moved = Knobs(20.0, 3072, 0.9).as_dict()
-    assert pid.decide(obs(**moved, slo_attainment=0.4)) == DEFAULT_KNOBS
-    assert pid.decide(obs(**moved, slo_attainment=0.6)) != DEFAULT_KNOBS
+    assert pid.decide(obs(**moved, slo_attainment=0.4)).knobs == DEFAULT_KNOBS
+    assert pid.decide(obs(**moved, slo_attainment=0.6)).knobs != DEFAULT_KNOBS
 
 
 def test_best_static_grid_search_keeps_the_best_setting(tmp_path):

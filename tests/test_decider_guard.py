@@ -57,7 +57,7 @@ def test_without_a_usable_model_the_pid_decides_and_names_the_reason(tmp_path, m
     decision = d.decide(obs)
     assert decision.source == "pid" and decision.reason == reason
     assert decision.policy_version is None
-    assert decision.knobs == PidController().decide(obs)
+    assert decision.knobs == PidController().decide(obs).knobs
     assert d.missing_reason == reason
 
 
@@ -72,7 +72,7 @@ def test_a_non_finite_field_the_pid_does_not_read_leaves_the_pid_in_charge(polic
     obs[OBSERVATION_INDEX["arrival_rate_rps"]] = np.nan
     d = decider(policy_path, max_step=2.0).decide(obs)
     assert (d.source, d.reason, d.policy_version) == ("pid", "non-finite input", "test-1")
-    assert d.knobs == PidController().decide(obs)
+    assert d.knobs == PidController().decide(obs).knobs
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
@@ -134,7 +134,7 @@ def test_a_policy_that_answers_nan_hands_that_decision_to_the_pid():
     decision = d.decide(hot)
     assert (decision.source, decision.reason, decision.policy_version) == (
         "pid", "non-finite output", "nan")
-    assert decision.knobs == PidController().decide(hot)
+    assert decision.knobs == PidController().decide(hot).knobs
 
 
 def test_an_exception_in_the_policy_hands_the_decision_to_the_pid(policy_path, monkeypatch):
@@ -226,3 +226,19 @@ def test_describe_says_what_is_loaded_and_why_not(policy_path, tmp_path):
     assert not info["loaded"] and info["missing_reason"] == "model missing"
     assert "no policy file at" in info["last_error"]
     assert math.isfinite(info["max_step"])
+
+
+def test_the_scalar_and_batch_slew_limits_and_knob_mappings_agree():
+    """The decider limits one decision with three floats and a REST batch with numpy: the two
+    must give the same knobs for the same actions."""
+    from runtime.decider.guard import slew_limit, slew_limit_one
+    from runtime.knobs import action_to_knobs, actions_to_knobs
+
+    rng = np.random.default_rng(7)
+    actions = rng.uniform(-1.6, 1.6, (500, 3))
+    current = rng.uniform(-1.0, 1.0, (500, 3))
+    batch = slew_limit(actions, current, 0.5)
+    one = np.array([slew_limit_one(*a, c, 0.5) for a, c in zip(actions, current)])
+    assert np.array_equal(batch, one)
+    assert np.abs(one - current).max() <= 0.5 + 1e-12 and np.abs(one).max() <= 1.0
+    assert actions_to_knobs(batch) == [action_to_knobs(a) for a in one]

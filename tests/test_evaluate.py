@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agents.evaluate import find_capacity, run_episode
+from agents.arena import find_capacity, run_episode
 from env.traces import poisson
 from runtime.decider.controller import StaticController
 from runtime.engine.metrics import burst_onsets, recovery_times
@@ -67,6 +67,9 @@ def test_run_episode_drains_the_window_and_counts_every_request():
     assert ep.sources == {"static": ep.decisions}
     assert len(ep.timeline["t"]) == ep.decisions
     assert ep.mean_knobs == pytest.approx((5.0, 2048.0, 0.9))
+    ends = ep.timeline["t"]
+    assert ep.decisions == math.ceil(ends[-1] / 0.25 - 1e-9)  # one per grid point, none skipped
+    assert ends[-1] >= float(trace.arrival_s[-1])
 
 
 def test_evaluate_command_prints_rows_and_capacity_as_json(tmp_path):

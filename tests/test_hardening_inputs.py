@@ -131,3 +131,17 @@ def test_dropping_ended_requests_keeps_the_summary_exact(max_time_s):
     assert len(runs[True].requests) == 3000
     assert len(runs[False].requests) < 1100  # ended ones are dropped in bulk past 1024
     assert all(r.status < Status.FINISHED for r in runs[False].requests[1024:])
+
+
+def test_a_controller_replay_decides_an_idle_gap_once_not_per_interval():
+    from runtime.decider.pid import PidController
+    from runtime.engine.sim_executor import SimulatedExecutor
+    from runtime.session import replay
+
+    t0 = time.perf_counter()
+    result = replay(SimulatedExecutor(hand_profile()), [0.0, 1.7e9, 1.7e9 + 1.0], [32, 32, 32],
+                    [4, 4, 4], decider=PidController(), interval_s=0.25)
+    assert time.perf_counter() - t0 < 1.0
+    s = result.summary
+    assert (s.requests, s.finished, s.rejected) == (3, 3, 0)
+    assert result.decisions < 20

@@ -1,3 +1,3 @@
-"""Baseline controllers. Every one implements ``decide(observation) -> Knobs`` and ``reset()``
+"""Baseline controllers. Every one implements ``decide(observation) -> Decision`` and ``reset()``
 (:class:`runtime.decider.controller.Controller`); static and PID live in ``runtime/`` because the
 decider falls back to them in production."""

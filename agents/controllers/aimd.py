@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from runtime.decider.decision import Decision, decided_by
 from runtime.knobs import KNOB_SPECS, Knobs
 from runtime.observation import fields_from_vector
 
@@ -44,7 +45,7 @@ class AimdController:
     def reset(self) -> None:
         pass
 
-    def decide(self, observation: np.ndarray) -> Knobs:
+    def decide(self, observation: np.ndarray) -> Decision:
         f = fields_from_vector(observation)
         window, chunk, ratio = (f["batch_window_ms"], f["prefill_chunk_tokens"],
                                 f["kv_cache_ratio"])
@@ -61,4 +62,4 @@ class AimdController:
             ratio = low + (ratio - low) * self.backoff
         elif f["preemptions"] > 0.5:
             ratio += self.ratio_step
-        return Knobs.clamped(window, chunk, ratio)
+        return decided_by(Knobs.clamped(window, chunk, ratio), self.name)

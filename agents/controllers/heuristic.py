@@ -27,6 +27,7 @@ from collections import deque
 
 import numpy as np
 
+from runtime.decider.decision import Decision, decided_by
 from runtime.engine.executor import GIB, MemoryModel
 from runtime.engine.slo import DEFAULT_SLO_CLASS, DEFAULT_SLO_CLASSES
 from runtime.knobs import DEFAULT_KNOBS, Knobs
@@ -57,17 +58,18 @@ class HeuristicController:
         self.tpot_target_s = (tpot_target_s if tpot_target_s is not None
                               else DEFAULT_SLO_CLASSES[DEFAULT_SLO_CLASS].tpot_s)
         self._latencies_ms: deque[float] = deque(maxlen=EWMA_SAMPLES)
+        self._default = decided_by(DEFAULT_KNOBS, self.name)
 
     def reset(self) -> None:
         self._latencies_ms.clear()
 
-    def decide(self, observation: np.ndarray) -> Knobs:
+    def decide(self, observation: np.ndarray) -> Decision:
         f = fields_from_vector(observation)
         tpot_ms = f["tpot_p99_ratio"] * self.tpot_target_s * 1e3
         if tpot_ms > 0:  # an interval without completions has no latency sample
             self._latencies_ms.append(tpot_ms)
         if not self._latencies_ms:
-            return DEFAULT_KNOBS
+            return self._default
         ratio_now = f["kv_cache_ratio"]
         m = self.memory
         free_bytes = ((1.0 - f["kv_utilization"]) * m.kv_bytes(ratio_now)
@@ -75,4 +77,5 @@ class HeuristicController:
         batch = free_bytes / GIB * 1024.0 / (ewma(self._latencies_ms) * 0.8)
         batch = min(256.0, max(1.0, batch))
         chunk = batch * TOKENS_PER_SEQUENCE
-        return Knobs.clamped(DEFAULT_KNOBS.batch_window_ms, chunk, heuristic_ratio(batch, chunk))
+        return decided_by(Knobs.clamped(DEFAULT_KNOBS.batch_window_ms, chunk,
+                                        heuristic_ratio(batch, chunk)), self.name)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 from runtime.knobs import Knobs
+from runtime.observation import SPEC_VERSION
 
 Source = Literal["policy", "pid", "static"]
-"""Who chose the knobs: the ONNX policy, the PID fallback, or the static last resort (when even
-the PID cannot read the observation)."""
+"""Who chose the knobs in the guarded decider: the ONNX policy, the PID fallback, or the static
+last resort (when even the PID cannot read the observation). A baseline controller of the arena
+answers with its own name (``aimd``, ``heuristic``, ``best-static``)."""
 
 SOURCES: tuple[Source, ...] = ("policy", "pid", "static")
 
@@ -47,6 +49,8 @@ class Decision(NamedTuple):
 
     knobs: Knobs
     source: Source
+    """who chose the knobs: one of :data:`SOURCES` from the guarded decider (what the REST API
+    and its metrics see), or a baseline controller's name in the arena"""
     spec_version: str
     """the runtime's observation and knob spec (``runtime.observation.SPEC_VERSION``)"""
     policy_version: str | None
@@ -59,3 +63,9 @@ class Decision(NamedTuple):
         return {"knobs": self.knobs.as_dict(), "source": self.source,
                 "spec_version": self.spec_version, "policy_version": self.policy_version,
                 "reason": self.reason}
+
+
+def decided_by(knobs: Knobs, source: str) -> Decision:
+    """The decision of a plain controller (static, PID, a baseline): no policy, no fallback.
+    A baseline's name stands outside :data:`Source`; only the arena reads it."""
+    return Decision(knobs, cast(Source, source), SPEC_VERSION, None, None)

@@ -42,6 +42,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -87,10 +88,19 @@ if _att_field.transform != "linear" or (_att_field.low, _att_field.high) != (0.0
                       f"a linear 0..1 transform; the spec has {_att_field}")
 
 
+def slew_limit_one(a0: float, a1: float, a2: float, current: Sequence[float],
+                   max_step: float) -> tuple[float, float, float]:
+    """Clamp one action to ``current +- max_step`` and to [-1, 1] (action coordinates): the
+    slew limit of every decision, and of every step of the training environment. Three floats,
+    unrolled: this is on the decider's hot path, where numpy's per-call cost would dominate."""
+    c0, c1, c2 = current
+    return (min(max(min(max(a0, c0 - max_step), c0 + max_step), -1.0), 1.0),
+            min(max(min(max(a1, c1 - max_step), c1 + max_step), -1.0), 1.0),
+            min(max(min(max(a2, c2 - max_step), c2 + max_step), -1.0), 1.0))
+
+
 def slew_limit(action: np.ndarray, current: np.ndarray, max_step: float) -> np.ndarray:
-    """Clamp ``action`` to ``current +- max_step`` and to [-1, 1], row by row (both ``[..., 3]``,
-    action coordinates). The decider applies this to every decision; training may call it to
-    act under the same limit."""
+    """:func:`slew_limit_one` row by row for ``[..., 3]`` actions (the REST batch route)."""
     a = np.clip(action, current - max_step, current + max_step)
     return np.clip(a, -1.0, 1.0)
 
@@ -222,12 +232,7 @@ class GuardedDecider:
 
     def _knobs(self, a0: float, a1: float, a2: float, v: list[float]) -> Knobs:
         """Slew-limit the action around the observation's knobs, clamp it to the ranges, map it."""
-        step = self.max_step
-        c0, c1, c2 = v[-NUM_KNOBS:]
-        a0 = min(max(min(max(a0, c0 - step), c0 + step), -1.0), 1.0)
-        a1 = min(max(min(max(a1, c1 - step), c1 + step), -1.0), 1.0)
-        a2 = min(max(min(max(a2, c2 - step), c2 + step), -1.0), 1.0)
-        return action_to_knobs((a0, a1, a2))
+        return action_to_knobs(slew_limit_one(a0, a1, a2, v[-NUM_KNOBS:], self.max_step))
 
     def _fallback(self, observation: np.ndarray, v: list[float], reason: str,
                   policy: OnnxPolicy | None) -> Decision:

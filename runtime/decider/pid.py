@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from runtime.decider.decision import Decision, decided_by
 from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, Knobs, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM, OBSERVATION_FIELDS, OBSERVATION_INDEX
 
@@ -146,8 +147,8 @@ class PidController:
         e_k_prev = f["kv_utilization_prev"] - g.kv_setpoint
         return (e_w, e_w_prev), (e_c, e_c_prev), (e_k, e_k_prev)
 
-    def decide(self, observation: np.ndarray) -> Knobs:
-        return action_to_knobs(self.action(observation))
+    def decide(self, observation: np.ndarray) -> Decision:
+        return decided_by(action_to_knobs(self.action(observation)), self.name)
 
     def action(self, observation: np.ndarray) -> tuple[float, float, float]:
         """The next knobs in action coordinates, clipped to [-1, 1] (what :meth:`decide` maps

@@ -169,6 +169,21 @@ class Engine:
     def has_work(self) -> bool:
         return self.num_unfinished > 0
 
+    def next_event_s(self) -> float:
+        """When an idle engine next has something to do: the next arrival or the expiry of the
+        oldest waiting request's window (inf when neither is ahead). A wall-clock pacer sleeps
+        until then."""
+        wake = self._next_arrival_s()
+        return min(wake, self._admission_deadline()) if self.waiting else wake
+
+    def is_idle(self) -> bool:
+        """Nothing waiting or running: the engine can only wait for its next arrival."""
+        return not self.waiting and not self.running
+
+    def next_arrival_s(self) -> float:
+        """When the next request not yet arrived arrives (inf when there is none)."""
+        return self._next_arrival_s()
+
     def _next_arrival_s(self) -> float:
         if self._next_pending < len(self._pending):
             return self._pending[self._next_pending].arrival_s

@@ -25,7 +25,7 @@ def make_executor(kind: str = "sim", *, profile: Profile | str | Path | None = N
     :param torch_kw: further :class:`runtime.engine.torch_executor.TorchExecutor` arguments
 
     With ``kind="torch"`` the engine's clock advances by measured iteration times (for wall-clock
-    serving, wrap the run in :func:`runtime.wallclock.replay`).
+    serving, pace the run with :class:`runtime.wallclock.WallClockPacer`).
     """
     if kind == "sim":
         from runtime.engine.sim_executor import SimulatedExecutor

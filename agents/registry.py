@@ -1,0 +1,78 @@
+"""The registry of controllers: every controller the arena, training and the replay scripts can
+name, built from that name.
+
+Names: ``static`` (the static default, or ``static_knobs``), ``best-static`` (a grid search on
+the trace's training split, cached), ``pid``, ``aimd``, ``heuristic``, ``policy:PATH`` (an ONNX
+policy through the guarded decider) and ``module:factory`` (any importable factory called with
+no arguments that returns a :class:`runtime.decider.controller.Controller`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+from runtime.decider.controller import Controller, StaticController
+from runtime.decider.pid import PidController
+from runtime.engine.engine import EngineConfig
+from runtime.engine.profile import Profile
+from runtime.knobs import DEFAULT_KNOBS, Knobs
+from runtime.session import DEFAULT_INTERVAL_S
+
+BASELINES = ("static", "best-static", "pid", "aimd", "heuristic")
+"""the baselines every evaluation shows"""
+
+
+@dataclass
+class EvalSpec:
+    """Everything a worker process needs to rebuild a controller and a window."""
+
+    trace: str
+    """the trace spec (best-static tunes on its training split)"""
+    part: str = "eval"
+    """the split the windows come from: train | eval | all"""
+    profile_path: str | None = None
+    """the executor profile (None: the shipped roofline profile)"""
+    interval_s: float = DEFAULT_INTERVAL_S
+    """the decision interval, engine seconds"""
+    config: EngineConfig = field(default_factory=EngineConfig)
+    """engine limits and SLO classes"""
+    static_knobs: Knobs = DEFAULT_KNOBS
+    """the knobs of ``static``"""
+
+
+def make_controller(name: str, spec: EvalSpec) -> Controller:
+    """A controller by its name (see the module docstring). Raises ValueError for an unknown
+    name and FileNotFoundError for a missing policy file."""
+    if name == "static":
+        return StaticController(spec.static_knobs)
+    if name == "best-static":
+        from agents.controllers.best_static import BestStaticController, best_static_knobs
+
+        knobs = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
+                                  config=spec.config)
+        return BestStaticController(knobs)
+    if name == "pid":
+        return PidController()
+    if name == "aimd":
+        from agents.controllers.aimd import AimdController
+
+        return AimdController()
+    if name == "heuristic":
+        from agents.controllers.heuristic import HeuristicController
+
+        target = spec.config.slo_classes[spec.config.default_slo_class].tpot_s
+        return HeuristicController(Profile.load(spec.profile_path).memory, tpot_target_s=target)
+    if name.startswith("policy:"):
+        from agents.policy_controller import PolicyController
+
+        return PolicyController(name.split(":", 1)[1])
+    if ":" in name:
+        module, attr = name.split(":", 1)
+        obj = getattr(importlib.import_module(module), attr)()
+        if not isinstance(obj, Controller):
+            raise ValueError(f"{name} returned {type(obj).__name__}, which lacks name, decide() "
+                             "or reset()")
+        return obj
+    raise ValueError(f"unknown controller {name!r}; expected one of {', '.join(BASELINES)}, "
+                     "policy:PATH or module:factory")
