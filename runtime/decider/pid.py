@@ -30,7 +30,7 @@ at 2x). Three guards bound it around the static knobs (``static``, the decider's
   KV ratio's box is empty by default: measured on the arena (static against PID, rate scales
   0.5 to 8, on the synthetic, Azure conversation and code, and Mooncake traces), lowering the
   ratio cost preemptions and raising it cost OOMs, 1.5 to 2.8 points at 1.5-2x load either way,
-  while the window and chunk loops alone never lost more than 0.05 point and gained up to 6.6
+  while the window and chunk loops alone never lost more than 0.1 point and gained up to 6.6
   on the Azure code trace. The KV loop still runs, for a deployment that widens its box;
 - an OOM guard: an interval with an OOM puts the chunk and the KV ratio back to the static
   knobs (under which the activation workspace was sized), whatever the loops say;
