@@ -32,6 +32,7 @@ from runtime.engine.engine import EngineConfig
 from runtime.engine.executor import GIB
 from runtime.engine.metrics import burst_onsets, recovery_times
 from runtime.engine.profile import Profile
+from runtime.engine.request import RejectReason
 from runtime.session import DEFAULT_INTERVAL_S, IntervalRecord
 
 DRAIN_LIMIT_S = 1800.0
@@ -130,7 +131,12 @@ def _row_job(args: tuple) -> dict:
            "slo_attainment": s["slo_attainment"], "goodput_rps": s["goodput_rps"],
            "ttft_p99_s": s["ttft_p99_s"], "tpot_p99_s": s["tpot_p99_s"],
            "preemptions": s["preemptions"], "ooms": s["ooms"], "requests": s["requests"],
-           "rejected": s["rejected"],
+           "rejected": s["rejected"], "interactive_attainment": s["interactive_attainment"],
+           "batch_requests": s["batch_requests"], "batch_met": s["batch_met"],
+           "batch_goodput_tps": s["batch_goodput_tps"],
+           "shed": s["rejected_by_reason"].get(RejectReason.SHED.value, 0),
+           "expired": s["rejected_by_reason"].get(RejectReason.EXPIRED.value, 0),
+           "late": s["late"], "cotenant_served_share": s["cotenant_served_share"],
            "mean_batch_window_ms": ep.mean_knobs[0], "mean_prefill_chunk_tokens": ep.mean_knobs[1],
            "mean_kv_cache_ratio": ep.mean_knobs[2], "mean_kv_gib": ep.mean_kv_gib,
            "decision_sources": ep.sources, "wall_s": time.perf_counter() - t0}

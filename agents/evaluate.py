@@ -14,20 +14,23 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import tyro
 
 from agents.arena import evaluate
 from agents.registry import BASELINES, EvalSpec, make_controller
 from agents.report import markdown_table, plot, write_json
+from env.traces.cotenant import cotenant_demand
+from runtime.engine.admission import AdmissionPolicy
+from runtime.engine.engine import EngineConfig
 from runtime.session import DEFAULT_INTERVAL_S
 
 
 @dataclass
 class Config:
     trace: str = "synthetic"
-    """traces, comma-separated: synthetic | azure-conv | azure-code | PATH"""
+    """traces, comma-separated: synthetic | azure-conv | azure-code | mixed | mixed:SPEC | PATH"""
     split: Literal["train", "eval", "all"] = "eval"
     """the part of each trace that is replayed (one window)"""
     controllers: str = ",".join(BASELINES)
@@ -44,6 +47,17 @@ class Config:
     match_static: float | None = None
     """also run every controller at the load where the static default attains this share
     (e.g. 0.68)"""
+    batch_share: float = EngineConfig.batch_share
+    """share of each step's chunk, of the sequence slots and of the KV blocks that batch-class
+    requests may take"""
+    admission: Annotated[AdmissionPolicy, tyro.conf.EnumChoicesFromValues] = AdmissionPolicy(
+        EngineConfig.admission)
+    """what happens to interactive requests late for their first token"""
+    admission_slack: float = EngineConfig.admission_slack
+    """a request is late after waiting this many TTFT targets without a first token"""
+    cotenant: bool = False
+    """lend the memory the engine leaves to the default co-tenant demand and report the share
+    served"""
     workers: int = 2
     """worker processes"""
     out: Path = Path("runs/evaluate")
@@ -77,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         traces = cfg.names(cfg.trace, "--trace")
         if cfg.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
-        spec = EvalSpec(traces[0], cfg.split, cfg.profile, cfg.interval_s)
+        config = EngineConfig(batch_share=cfg.batch_share, admission=cfg.admission.value,
+                              admission_slack=cfg.admission_slack,
+                              cotenant=cotenant_demand() if cfg.cotenant else None)
+        spec = EvalSpec(traces[0], cfg.split, cfg.profile, cfg.interval_s, config)
         for c in controllers:
             if c != "best-static":
                 make_controller(c, spec)  # fail fast on a bad name or policy file
@@ -85,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"evaluate: {e}", file=sys.stderr)
         return 2
     result = evaluate(traces, controllers, scales, part=cfg.split, interval_s=cfg.interval_s,
-                      profile_path=cfg.profile, capacity=cfg.capacity, workers=cfg.workers,
+                      profile_path=cfg.profile, config=config, capacity=cfg.capacity,
+                      workers=cfg.workers,
                       progress=not cfg.json, match_static=cfg.match_static)
     plots = plot(result["rows"], cfg.out)
     path = write_json(result, cfg.out / "results.json")

@@ -20,17 +20,20 @@ def _fmt(x: float, spec: str) -> str:
 
 
 def markdown_table(rows: Sequence[dict], capacity: Sequence[dict]) -> str:
-    lines = ["| trace | controller | rate x | SLO att. | goodput rps | TTFT p99 s | TPOT p99 ms "
-             "| preempt | OOMs | window ms | chunk | KV ratio | KV GiB | recovery s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| trace | controller | rate x | SLO att. | interactive att. | batch tok/s "
+             "| goodput rps | TTFT p99 s | TPOT p99 ms | preempt | OOMs | shed / expired / late "
+             "| window ms | chunk | KV ratio | KV GiB | recovery s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rec = ("-" if "bursts" not in r else
                f"{_fmt(r['recovery_s_mean'], '.1f')} ({r['bursts']} bursts)")
         rate = f"{r['rate_scale']:.3g}" + (" (static match)" if r.get("matched_static") else "")
         lines.append(
             f"| {r['trace']} | {short_name(r['controller'])} | {rate} | "
-            f"{r['slo_attainment']:.2%} | {r['goodput_rps']:.2f} | {r['ttft_p99_s']:.2f} | "
+            f"{r['slo_attainment']:.2%} | {r['interactive_attainment']:.2%} | "
+            f"{r['batch_goodput_tps']:.0f} | {r['goodput_rps']:.2f} | {r['ttft_p99_s']:.2f} | "
             f"{r['tpot_p99_s'] * 1e3:.1f} | {r['preemptions']} | {r['ooms']} | "
+            f"{r['shed']} / {r['expired']} / {r['late']} | "
             f"{r['mean_batch_window_ms']:.0f} | {r['mean_prefill_chunk_tokens']:.0f} | "
             f"{r['mean_kv_cache_ratio']:.2f} | {r['mean_kv_gib']:.1f} | {rec} |")
     if capacity:

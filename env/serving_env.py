@@ -51,10 +51,12 @@ class ServingEnv(gym.Env):
 
     ## Rewards
     Per interval (see :class:`env.session.RewardWeights`):
-    ``(met - violation_weight * violations) / expected_requests_per_interval
-    - memory_price * kv_cache_ratio - oom_penalty * ooms``, where ``met`` counts completions within
-    their SLO and ``violations`` the requests whose miss became certain in the interval (a waiting
-    request that passes its TTFT target counts then).
+    ``(met_interactive + batch_weight * met_batch - violation_weight * violations)
+    / expected_requests_per_interval - memory_price * kv_cache_ratio
+    + cotenant_value * cotenant_served_share - oom_penalty * ooms``, where ``met_*`` count
+    completions within their SLO (a batch request: by its deadline) and ``violations`` the requests
+    whose miss became certain in the interval (a waiting request that passes its TTFT target counts
+    then; shed and expired requests when they are dropped).
 
     ## Starting State
     A window of ``episode_s`` simulated seconds is drawn from the trace split (its start uniform
@@ -82,7 +84,8 @@ class ServingEnv(gym.Env):
     - ``profile``: executor profile path for ``"sim"`` (default: roofline H200 Llama-2-7B)
     - ``max_step``: the slew limit in action units per decision (default: the decider's,
       :data:`runtime.decider.guard.DEFAULT_MAX_STEP`; 2 disables it)
-    - ``violation_weight``, ``memory_price``, ``oom_penalty``: reward weights
+    - ``violation_weight``, ``memory_price``, ``oom_penalty``, ``batch_weight``,
+      ``cotenant_value``: reward weights (:class:`env.session.RewardWeights`)
     - ``engine_config``: an :class:`runtime.engine.engine.EngineConfig` (limits, SLO classes)
     - ``render_mode``: ``None`` or ``"ansi"``
     """
@@ -97,6 +100,8 @@ class ServingEnv(gym.Env):
                  violation_weight: float = RewardWeights.violation_weight,
                  memory_price: float = RewardWeights.memory_price,
                  oom_penalty: float = RewardWeights.oom_penalty,
+                 batch_weight: float = RewardWeights.batch_weight,
+                 cotenant_value: float = RewardWeights.cotenant_value,
                  engine_config: EngineConfig | None = None, trace_seed: int = 0,
                  render_mode: str | None = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -124,7 +129,8 @@ class ServingEnv(gym.Env):
         self.max_step = max_step
         self.profile = Profile.load(profile) if executor == "sim" else None
         self.engine_config = engine_config
-        self.weights = RewardWeights(violation_weight, memory_price, oom_penalty)
+        self.weights = RewardWeights(violation_weight, memory_price, oom_penalty, batch_weight,
+                                     cotenant_value)
         self.action_space = spaces.Box(-1.0, 1.0, shape=(NUM_KNOBS,), dtype=np.float32)
         self.observation_space = spaces.Box(OBS_LOW, OBS_HIGH, dtype=np.float32)
         self.session: ServingSession | None = None

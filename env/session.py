@@ -27,13 +27,19 @@ from runtime.session import DEFAULT_INTERVAL_S, Pacer, Session
 class RewardWeights:
     """The reward of one interval is
 
-        (met - violation_weight * violations) / expected_requests_per_interval
-        - memory_price * kv_cache_ratio - oom_penalty * ooms
+        (met_interactive + batch_weight * met_batch - violation_weight * violations)
+            / expected_requests_per_interval
+        - memory_price * kv_cache_ratio + cotenant_value * cotenant_served_share
+        - oom_penalty * ooms
 
-    ``met`` counts requests that finished within their SLO in the interval; ``violations`` counts
-    requests whose miss became certain in it (a waiting request past its TTFT target counts then,
-    not at its completion; rejected requests count when rejected). Dividing by the episode's mean
-    arrivals per interval makes a perfect interval worth about 1 at any load.
+    ``met_*`` count requests that finished within their SLO in the interval (a batch request:
+    by its deadline); ``violations`` counts requests whose miss became certain in it (a waiting
+    request past its TTFT target counts then, not at its completion; rejected requests, shed or
+    expired ones included, count when rejected). Dividing by the episode's mean arrivals per
+    interval makes a perfect interval worth about 1 at any load. ``cotenant_served_share`` is the
+    share of the co-tenant's demand in the interval that the memory the engine left served (1
+    without a co-tenant, so the term is then a constant); with a co-tenant it prices memory by
+    what it serves, and ``memory_price`` can be 0.
     """
 
     violation_weight: float = 1.0
@@ -43,9 +49,14 @@ class RewardWeights:
     accelerator; positive when co-located models, adapters or a prefix cache could use it)"""
     oom_penalty: float = 0.5
     """penalty per out-of-memory iteration, on top of the time it cost"""
+    batch_weight: float = 1.0
+    """value of a batch request finished by its deadline relative to an interactive one met"""
+    cotenant_value: float = 0.0
+    """value per interval of serving the whole of the co-tenant's demand (0: not rewarded)"""
 
     def __post_init__(self) -> None:
-        for name in ("violation_weight", "memory_price", "oom_penalty"):
+        for name in ("violation_weight", "memory_price", "oom_penalty", "batch_weight",
+                     "cotenant_value"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"reward weight {name} must be a finite number >= 0, got {v}")
@@ -111,12 +122,16 @@ class ServingSession:
         self.loop.apply(knobs)
         stats, obs = self.loop.advance()
         w = self.weights
-        served = (stats.met - w.violation_weight * stats.violations) / self.requests_per_interval
+        met = stats.met + (w.batch_weight - 1.0) * stats.batch_met
+        served = (met - w.violation_weight * stats.violations) / self.requests_per_interval
         memory = w.memory_price * self.engine.knobs.kv_cache_ratio
+        demand = stats.cotenant_demand_gib_s
+        cotenant = w.cotenant_value * (stats.cotenant_served_gib_s / demand if demand > 0 else 1.0)
         oom = w.oom_penalty * stats.ooms
         self.num_steps += 1
-        return StepResult(obs, served - memory - oom, stats, self.engine.knobs,
-                          {"served": served, "memory": -memory, "oom": -oom})
+        return StepResult(obs, served - memory + cotenant - oom, stats, self.engine.knobs,
+                          {"served": served, "memory": -memory, "cotenant": cotenant,
+                           "oom": -oom})
 
     @property
     def has_work(self) -> bool:

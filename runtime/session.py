@@ -138,6 +138,11 @@ class IntervalRecord:
                 "violations": s.violations, "slo_attainment": s.slo_attainment,
                 "iterations": s.iterations, "preemptions": s.preemptions, "ooms": s.ooms,
                 "running": s.running, "waiting": s.waiting, "kv_utilization": s.kv_utilization,
+                "interactive_attainment": s.interactive_attainment, "batch_met": s.batch_met,
+                "batch_goodput_tokens": s.batch_goodput_tokens, "batch_waiting": s.batch_waiting,
+                "batch_running": s.batch_running, "batch_backlog_tokens": s.batch_backlog_tokens,
+                "shed": s.shed, "expired": s.expired, "late": s.late,
+                "mean_kv_gib": s.mean_kv_gib,
                 "knobs": self.knobs.as_dict(), "source": self.source, "reason": self.reason,
                 "decide_us": self.decide_us, "resize_s": self.set_knobs_s}
 

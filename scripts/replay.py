@@ -3,10 +3,13 @@
     python scripts/replay.py --trace synthetic
     python scripts/replay.py --trace azure-conv --rate-scale 2 --window-ms 10 --chunk 2048 \\
         --kv-ratio 0.9 --json
+    python scripts/replay.py --trace mixed --batch-share 0.5 --admission shed --cotenant
 
 ``--trace`` takes ``synthetic`` (the embedded default), ``azure-conv``, ``azure-code`` (read
-from ../shared/traces or $BATCHPILOT_TRACES_DIR) or the path of a trace file (Azure CSV,
-Mooncake JSONL, BurstGPT CSV or a plain ``arrival_s,prompt_tokens,output_tokens`` CSV).
+from ../shared/traces or $BATCHPILOT_TRACES_DIR), ``mixed`` (azure-conv plus batch drops;
+``mixed:SPEC`` for the drops on another trace) or the path of a trace file (Azure CSV,
+Mooncake JSONL, BurstGPT CSV or a plain ``arrival_s,prompt_tokens,output_tokens`` CSV; each may
+carry an ``slo_class`` column).
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import tyro
 
 from env.replay import replay
 from env.traces import rate_scale, split
+from env.traces.cotenant import cotenant_demand
 from env.traces.resolve import TRACE_ALIASES, resolve_trace
+from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.engine.slo import parse_slo_classes
@@ -30,7 +35,7 @@ from runtime.knobs import DEFAULT_KNOBS, Knobs
 @dataclass
 class Args:
     trace: str = "synthetic"
-    """synthetic | azure-conv | azure-code | PATH"""
+    """synthetic | azure-conv | azure-code | mixed | mixed:SPEC | PATH"""
     split: Literal["train", "eval", "all"] = "all"
     """the first 40 minutes (train), the rest (eval), or all"""
     rate_scale: float = 1.0
@@ -44,9 +49,21 @@ class Args:
     profile: str | None = None
     """executor profile (default: the roofline H200 Llama-2-7B profile)"""
     slo: str | None = None
-    """SLO classes as name:ttft_s:tpot_s,... (default: the engine's DEFAULT_SLO_CLASSES)"""
+    """SLO classes as name:ttft_s:tpot_s[:deadline_s],... (default: the engine's
+    DEFAULT_SLO_CLASSES)"""
+    batch_share: float = EngineConfig.batch_share
+    """share of each step's chunk, of the sequence slots and of the KV blocks that batch-class
+    requests may take"""
+    admission: Annotated[AdmissionPolicy, tyro.conf.EnumChoicesFromValues] = AdmissionPolicy(
+        EngineConfig.admission)
+    """what happens to interactive requests late for their first token"""
+    admission_slack: float = EngineConfig.admission_slack
+    """a request is late after waiting this many TTFT targets without a first token"""
+    cotenant: bool = False
+    """lend the memory the engine leaves to the default co-tenant demand
+    (env/traces/cotenant.py) and report the share served"""
     seed: int = 0
-    """seed of the synthetic trace"""
+    """seed of the synthetic trace and of the mixed workload's drops"""
     step_by_step: bool = False
     """no closed-form decode stretches (the reference path, slower)"""
     json: bool = False
@@ -65,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         trace = split(resolve_trace(args.trace, seed=args.seed), args.split)
         if args.rate_scale != 1.0:
             trace = rate_scale(trace, args.rate_scale)
-        config = EngineConfig(fast_path=not args.step_by_step)
+        config = EngineConfig(fast_path=not args.step_by_step, batch_share=args.batch_share,
+                              admission=args.admission.value, admission_slack=args.admission_slack,
+                              cotenant=cotenant_demand(seed=args.seed) if args.cotenant else None)
         if args.slo:
             config.slo_classes = parse_slo_classes(args.slo)
             config.default_slo_class = next(iter(config.slo_classes))
@@ -89,6 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"knobs: window {knobs.batch_window_ms:g} ms, chunk {knobs.prefill_chunk_tokens} "
           f"tokens, KV ratio {knobs.kv_cache_ratio:g}")
     rows = [("SLO attainment", f"{out['slo_attainment']:.2%}"),
+            ("interactive attainment", f"{out['interactive_attainment']:.2%}"),
+            ("batch: requests / met / goodput",
+             f"{out['batch_requests']} / {out['batch_met']} / "
+             f"{out['batch_goodput_tps']:.0f} tokens/s"),
+            ("rejected by reason", ", ".join(f"{k} {v}" for k, v in
+                                             out["rejected_by_reason"].items()) or "none"),
+            ("mean KV / co-tenant served", f"{out['mean_kv_gib']:.2f} GiB / "
+                                           f"{out['cotenant_served_share']:.1%}"),
             ("goodput", f"{out['goodput_rps']:.2f} req/s"),
             ("finished / rejected", f"{out['finished']} / {out['rejected']}"),
             ("TTFT p50 / p99", f"{out['ttft_p50_s']:.3f} s / {out['ttft_p99_s']:.3f} s"),

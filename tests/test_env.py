@@ -164,3 +164,28 @@ def test_torch_executor_episode_runs_real_forward_passes():
         steps += 1
     assert e.session.engine.num_iterations > 0
     assert info["episode_summary"]["finished"] > 0
+
+
+def test_reward_values_batch_work_and_the_co_tenants_served_share_by_their_weights():
+    from env.session import RewardWeights, ServingSession
+    from env.traces.trace import Trace
+    from runtime.engine.cotenant import CoTenantDemand
+    from runtime.engine.engine import EngineConfig
+    from runtime.engine.executor import GIB
+    from runtime.engine.profile import Profile
+
+    # One batch request (10 + 1 tokens) done in the first 0.25-s interval; the co-tenant wants
+    # 1000 GiB, more than any ratio leaves, so it gets what the engine lends, all the time.
+    trace = Trace("one", np.array([0.0]), np.array([10]), np.array([1]), np.array(["batch"]))
+    config = EngineConfig(cotenant=CoTenantDemand(gib=np.array([1000.0])))
+    weights = RewardWeights(batch_weight=3.0, cotenant_value=0.5)
+    session = ServingSession(trace, config=config, weights=weights)
+    step = session.step(DEFAULT_KNOBS)
+    m = Profile.load().memory
+    lendable = (m.free_after_weights - m.kv_bytes(0.9)
+                - m.activation_bytes(DEFAULT_KNOBS.prefill_chunk_tokens + config.max_num_seqs))
+    assert step.stats.batch_met == 1 and session.requests_per_interval == 1.0
+    assert step.reward_terms == pytest.approx({
+        "served": 3.0, "memory": -0.05 * 0.9, "cotenant": 0.5 * lendable / GIB / 1000.0,
+        "oom": 0.0})
+    assert step.reward == pytest.approx(sum(step.reward_terms.values()))

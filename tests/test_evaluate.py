@@ -103,3 +103,26 @@ def test_evaluate_command_refuses_an_unknown_controller():
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "unknown controller 'magic'" in out.stderr
+
+
+def test_arena_rows_carry_the_per_class_figures_and_the_lever_counts(tmp_path):
+    from agents.arena import _row_job
+    from agents.registry import EvalSpec
+    from agents.report import markdown_table
+    from runtime.engine.engine import EngineConfig
+
+    rng = np.random.default_rng(2)
+    arrivals = np.cumsum(rng.exponential(1 / 20.0, 200))
+    classes = np.where(rng.random(200) < 0.25, "batch", "interactive")
+    lines = [f"{a:.4f},{rng.integers(100, 3000)},{rng.integers(5, 300)},{c}"
+             for a, c in zip(arrivals, classes)]
+    path = tmp_path / "two_classes.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,slo_class\n" + "\n".join(lines))
+    spec = EvalSpec(str(path), "all", None, 0.25,
+                    EngineConfig(admission="shed", admission_slack=0.5, batch_share=0.5))
+    row = _row_job((spec, "static", 3.0, False))
+    assert row["batch_requests"] == int((classes == "batch").sum())
+    assert row["shed"] > 0 and row["expired"] == 0 and row["late"] == 0
+    assert 0.0 <= row["interactive_attainment"] <= 1.0 and row["batch_goodput_tps"] > 0
+    table = markdown_table([{**row, "mean_kv_gib": 24.7}], [])
+    assert "| interactive att. | batch tok/s |" in table and f"| {row['shed']} / 0 / 0 |" in table

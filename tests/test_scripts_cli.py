@@ -30,6 +30,10 @@ def stderr_of_refused(script: str, *flags: str) -> str:
      "--model must be one of llama2-7b, got 'gpt-5'"),
     ("bench_decider", ("--calls", "1.5"),
      "Error parsing --calls: invalid literal for int() with base 10: '1.5'"),
+    ("replay", ("--admission", "drop"),
+     "invalid choice 'drop' for argument '--admission'. Expected one of ('fcfs', 'shed', "
+     "'late_to_back')"),
+    ("levers", ("admission", "--capacity", "lots"), "Error parsing --capacity"),
 ])
 def test_a_bad_value_is_refused_naming_the_flag(script, flags, message):
     assert message in stderr_of_refused(script, *flags)

@@ -21,7 +21,7 @@ CASES = [
     # (reader, file name, contents, the exact message)
     pytest.param(read_azure, "conv.csv", "",
                  "conv.csv, line 1: empty file; expected a header with columns "
-                 "TIMESTAMP,ContextTokens,GeneratedTokens", id="azure-empty-file"),
+                 "TIMESTAMP,ContextTokens,GeneratedTokens[,slo_class]", id="azure-empty-file"),
     pytest.param(read_azure, "conv.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,1\n",
                  "conv.csv, line 1, column GeneratedTokens: missing from the header "
                  "'TIMESTAMP,ContextTokens'", id="azure-missing-column"),

@@ -85,3 +85,13 @@ def test_conv_trace_splits_into_40_minutes_of_training_and_the_rest_for_evaluati
     assert train.arrival_s[-1] < TRAIN_SPLIT_S
     assert evaluation.arrival_s[0] >= 0 and evaluation.arrival_s[0] < 1.0
     assert evaluation.arrival_s[-1] == pytest.approx(trace.arrival_s[-1] - TRAIN_SPLIT_S)
+
+
+def test_the_named_mixed_workload_is_the_conversation_trace_plus_three_batch_drops():
+    real_path("conv")
+    from env.traces.resolve import resolve_trace
+
+    trace = resolve_trace("mixed")
+    classes = trace.slo_class.tolist()
+    assert (classes.count("interactive"), classes.count("batch")) == (19_366, 2_400)
+    assert trace.name == "mixed-AzureLLMInferenceTrace_conv"

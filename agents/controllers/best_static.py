@@ -62,12 +62,26 @@ def select_best(table: list[dict]) -> dict:
     return min(tied, key=lambda r: (r["knobs"][2], r["knobs"][0], -r["mean_attainment"]))
 
 
+_LEVERS = ("batch_share", "admission", "admission_slack")
+"""engine options beyond the knobs that change a replay's outcome; keyed only when they differ
+from their defaults, so that adding one keeps the keys of the caches computed without it"""
+
+
 def cache_key(trace_spec: str, part: str, scales: Sequence[float], profile: Profile,
-              config: EngineConfig, grid: dict[str, tuple]) -> str:
+              config: EngineConfig, grid: dict[str, tuple],
+              classes_used: Sequence[str] | None = None) -> str:
+    """The key of a grid search: everything its outcome depends on. The SLO classes are those
+    of ``classes_used`` (the trace's; all of the config's when None), so that a class no request
+    has does not change the key."""
+    used = config.slo_classes if classes_used is None else classes_used
     desc = {"trace": trace_label(trace_spec), "split": part, "scales": list(scales),
             "profile": profile.to_json(),
-            "slo": {k: asdict(v) for k, v in config.slo_classes.items()},
+            "slo": {k: asdict(config.slo_classes[k]) for k in used},
             "default_slo_class": config.default_slo_class, "grid": grid}
+    defaults = EngineConfig()
+    levers = {k: getattr(config, k) for k in _LEVERS if getattr(config, k) != getattr(defaults, k)}
+    if levers:
+        desc["levers"] = levers
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -108,7 +122,8 @@ def best_static_knobs(trace_spec: str, *, part: str = "train",
     config = config or EngineConfig()
     grid = grid or GRID
     profile = Profile.load(profile_path)
-    key = cache_key(trace_spec, part, scales, profile, config, grid)
+    classes_used = sorted(set(split(resolve_trace(trace_spec), part).slo_class.tolist()))
+    key = cache_key(trace_spec, part, scales, profile, config, grid, classes_used)
     path = Path(cache_dir or best_static_dir()) / f"{trace_label(trace_spec)}-{key}.json"
     if path.exists():
         return Knobs(*select_best(json.loads(path.read_text())["table"])["knobs"])

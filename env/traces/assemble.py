@@ -64,6 +64,11 @@ def assemble_trace(path: Path, format_label: str, arrival_s: np.ndarray,
                  num_reordered=num_moved)
 
 
+SLO_CLASS_COLUMN = "slo_class"
+"""the optional column (CSV) or key (JSON lines) that gives a request its SLO class, in every
+format"""
+
+
 def default_classes(num_rows: int, slo_class: str) -> np.ndarray:
     """``slo_class`` for each of ``num_rows`` rows, as a numpy str array."""
     if not slo_class:

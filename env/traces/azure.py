@@ -15,12 +15,13 @@ from pathlib import Path
 import numpy as np
 
 from env.traces.assemble import (
+    SLO_CLASS_COLUMN,
     ZERO_OUTPUT_TOKENS,
     ZERO_PROMPT_TOKENS,
     assemble_trace,
     default_classes,
 )
-from env.traces.csv_columns import CsvColumns, parse_counts, read_csv_columns
+from env.traces.csv_columns import CsvColumns, parse_counts, parse_names, read_csv_columns
 from env.traces.errors import TraceFormatError
 from env.traces.trace import Trace
 from runtime.engine.slo import DEFAULT_SLO_CLASS
@@ -38,11 +39,12 @@ _TIMESTAMPS = re.compile(rf"(?:{_TIMESTAMP_PATTERN}\n)*{_TIMESTAMP_PATTERN}")
 def read_azure(path: str | Path, *, slo_class: str = DEFAULT_SLO_CLASS) -> Trace:
     """Read an Azure LLM inference CSV; arrivals in seconds from its first request.
 
-    :param slo_class: the SLO class given to every request.
+    :param slo_class: the SLO class of every request when the file has no ``slo_class``
+        column; a file that has one gives each request its own (an empty one is refused).
     Rows with zero context or generated tokens are skipped by rule and counted in ``skipped``.
     """
     path = Path(path)
-    table = read_csv_columns(path, AZURE_COLUMNS)
+    table = read_csv_columns(path, AZURE_COLUMNS, (SLO_CLASS_COLUMN,))
     wall_clock = _parse_timestamps(table, "TIMESTAMP")
     prompt_tokens = parse_counts(table, "ContextTokens")
     output_tokens = parse_counts(table, "GeneratedTokens")
@@ -50,7 +52,8 @@ def read_azure(path: str | Path, *, slo_class: str = DEFAULT_SLO_CLASS) -> Trace
     arrival_s = (wall_clock - earliest).astype(np.int64) / 1e9
     return assemble_trace(
         path, "Azure LLM inference CSV", arrival_s, prompt_tokens, output_tokens,
-        default_classes(len(table), slo_class),
+        (parse_names(table, SLO_CLASS_COLUMN) if SLO_CLASS_COLUMN in table.values
+         else default_classes(len(table), slo_class)),
         skip_rules=[(ZERO_PROMPT_TOKENS, prompt_tokens == 0),
                     (ZERO_OUTPUT_TOKENS, output_tokens == 0)],
         end_line=table.end_line, time_origin=_wall_clock_label(earliest))

@@ -2,7 +2,8 @@
 
 Each line is one object: ``timestamp`` (milliseconds from the start of the trace),
 ``input_length`` (prompt tokens), ``output_length`` (output tokens), and optionally
-``hash_ids`` (prefix-cache block ids, ignored here) or other keys (ignored). Mooncake's
+``slo_class`` (the request's SLO class name), ``hash_ids`` (prefix-cache block ids, ignored
+here) or other keys (ignored). Mooncake's
 timestamps are quantised (about 3 s steps in the published traces): see
 :func:`env.traces.transforms.jitter`.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from env.traces.assemble import (
+    SLO_CLASS_COLUMN,
     ZERO_OUTPUT_TOKENS,
     ZERO_PROMPT_TOKENS,
     assemble_trace,
@@ -33,7 +35,7 @@ MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 def read_mooncake(path: str | Path, *, slo_class: str = DEFAULT_SLO_CLASS) -> Trace:
     """Read a Mooncake JSONL trace; arrivals in seconds from its first request.
 
-    :param slo_class: the SLO class given to every request.
+    :param slo_class: the SLO class of a request whose line has no ``slo_class`` key.
     Lines are numbered from 1 (there is no header). Blank lines at the end are ignored; a blank
     line before a request is refused. Requests with zero input or output length are skipped by
     rule and counted in ``skipped``.
@@ -42,6 +44,8 @@ def read_mooncake(path: str | Path, *, slo_class: str = DEFAULT_SLO_CLASS) -> Tr
     timestamps_ms: list[float] = []
     prompt_tokens: list[int] = []
     output_tokens: list[int] = []
+    classes: list[str] = []
+    default_classes(0, slo_class)  # refuses an empty default now
     blank_line = 0
     with open(path, encoding="utf-8-sig") as f:
         line_number = 0
@@ -57,6 +61,7 @@ def read_mooncake(path: str | Path, *, slo_class: str = DEFAULT_SLO_CLASS) -> Tr
                 timestamps_ms.append(_milliseconds(path, line_number, record, "timestamp"))
                 prompt_tokens.append(_count(path, line_number, record, "input_length"))
                 output_tokens.append(_count(path, line_number, record, "output_length"))
+                classes.append(_class_name(path, line_number, record, slo_class))
         except UnicodeDecodeError:
             raise TraceFormatError.not_utf8(path) from None
     if not line_number:
@@ -66,7 +71,7 @@ def read_mooncake(path: str | Path, *, slo_class: str = DEFAULT_SLO_CLASS) -> Tr
     output = np.asarray(output_tokens, dtype=np.int64)
     return assemble_trace(
         path, "Mooncake JSONL", np.asarray(timestamps_ms, dtype=np.float64) / 1000.0, prompt,
-        output, default_classes(len(prompt), slo_class),
+        output, np.asarray(classes, dtype=str),
         skip_rules=[(ZERO_PROMPT_TOKENS, prompt == 0), (ZERO_OUTPUT_TOKENS, output == 0)],
         end_line=len(prompt) + 1)
 
@@ -104,6 +109,14 @@ def _milliseconds(path: Path, line_number: int, record: dict, key: str) -> float
         raise TraceFormatError(path, line_number, key,
                                f"{value:g} ms is past the engine's limit of {MAX_ARRIVAL_S:g} s")
     return float(value)
+
+
+def _class_name(path: Path, line_number: int, record: dict, default: str) -> str:
+    value = record.get(SLO_CLASS_COLUMN, default)
+    if not isinstance(value, str) or not value.strip():
+        raise TraceFormatError(path, line_number, SLO_CLASS_COLUMN,
+                               f"expected a class name, got {value!r}")
+    return value.strip()
 
 
 def _count(path: Path, line_number: int, record: dict, key: str) -> int:

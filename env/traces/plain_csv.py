@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from env.traces.assemble import (
+    SLO_CLASS_COLUMN,
     ZERO_OUTPUT_TOKENS,
     ZERO_PROMPT_TOKENS,
     assemble_trace,
@@ -21,7 +22,7 @@ from runtime.engine.slo import DEFAULT_SLO_CLASS
 
 PLAIN_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 """the columns every plain CSV has"""
-PLAIN_OPTIONAL_COLUMNS = ("slo_class",)
+PLAIN_OPTIONAL_COLUMNS = (SLO_CLASS_COLUMN,)
 """the column a plain CSV may add"""
 
 
@@ -38,7 +39,7 @@ def read_plain_csv(path: str | Path, *, slo_class: str = DEFAULT_SLO_CLASS) -> T
     arrival_s = parse_seconds(table, "arrival_s")
     prompt_tokens = parse_counts(table, "prompt_tokens")
     output_tokens = parse_counts(table, "output_tokens")
-    classes = (parse_names(table, "slo_class") if "slo_class" in table.values
+    classes = (parse_names(table, SLO_CLASS_COLUMN) if SLO_CLASS_COLUMN in table.values
                else default_classes(len(table), slo_class))
     return assemble_trace(
         path, "plain CSV", arrival_s, prompt_tokens, output_tokens, classes,

@@ -21,6 +21,22 @@ Activations. An iteration whose activations do not fit in the workspace left aft
 KV is an out-of-memory error: it costs the executor's OOM time, is counted, and is retried with
 half the prefill; the engine then caps the chunk at the size that fitted until the knobs change.
 
+SLO classes. Interactive requests (TTFT and TPOT targets) and batch requests (a completion
+deadline, :mod:`runtime.engine.slo`) share the engine. Interactive work is admitted first, and
+batch requests are admitted only when no interactive one is left waiting; running requests are
+kept interactive first, so interactive prefill takes the chunk first and the newest batch request
+is the first preempted (for a block, for an interactive admission that does not fit, or when the
+ratio shrinks). ``batch_share`` caps batch work: at most ``floor(batch_share * chunk)`` prefill
+tokens a step and ``floor(batch_share * max_num_seqs)`` running batch requests (0 stops the batch
+tap, 1 lets batch work fill whatever interactive work leaves).
+
+Deadline-aware admission (:mod:`runtime.engine.admission`): with ``admission`` = ``shed`` or
+``late_to_back``, an interactive request late for its first token is dropped or moved behind
+on-time ones; a batch request whose deadline passes before admission is rejected as expired.
+
+Memory lent to a co-tenant (:mod:`runtime.engine.cotenant`): the engine integrates its KV pool's
+GiB-seconds and, with a co-tenant demand trace, the demand the memory it leaves serves.
+
 Nothing is lost: every request ends FINISHED or REJECTED with a reason.
 
 Time. In simulation ``now`` moves by the executor's iteration times. Between events (an arrival,
@@ -38,15 +54,18 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from runtime.engine.admission import ADMISSION_SLACK_RANGE, AdmissionPolicy
 from runtime.engine.block_pool import BlockPool
-from runtime.engine.executor import Batch, Executor
+from runtime.engine.cotenant import CoTenantDemand
+from runtime.engine.executor import GIB, Batch, Executor
 from runtime.engine.metrics import IntervalStats, RunSummary, SummaryAccumulator
 from runtime.engine.request import RejectReason, Request, Status
 from runtime.engine.slo import DEFAULT_SLO_CLASS, DEFAULT_SLO_CLASSES, SloTarget
 from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, Knobs
 
-_FIRST_TOKEN = 0  # violation-deadline kinds in the deadline heap
-_FINISH = 1
+_FIRST_TOKEN = 0  # deadline kinds in the deadline heap: TTFT target passed
+_FINISH = 1  # TPOT-allowed finish (interactive) or completion deadline (batch) passed
+_LATE = 2  # admission slack passed (deadline-aware admission)
 
 MAX_ARRIVAL_S = 1e10
 """The latest arrival the engine accepts, in seconds (about 317 years). float64 still resolves
@@ -65,12 +84,23 @@ class EngineConfig:
     slo_classes: dict[str, SloTarget] = field(default_factory=lambda: dict(DEFAULT_SLO_CLASSES))
     """targets by class name; requests without a class get ``default_slo_class``"""
     default_slo_class: str = DEFAULT_SLO_CLASS
+    """the class of requests added without one"""
     fast_path: bool = True
     """advance decode-only stretches in closed form when the executor allows it"""
     keep_requests: bool = True
     """keep every request in ``Engine.requests`` after it ends (tests and per-request reports);
     False drops finished and rejected ones, so a long-running serving loop's memory stays
     bounded (the run summary is exact either way)"""
+    batch_share: float = 1.0
+    """share of each step's prefill chunk and of the sequence slots that batch-class requests
+    may take, in [0, 1] (settable at run time with ``Engine.set_batch_share``)"""
+    admission: str = AdmissionPolicy.FCFS.value
+    """what happens to an interactive request late for its first token: fcfs, shed or
+    late_to_back (see runtime.engine.admission)"""
+    admission_slack: float = 1.0
+    """a request is late once it has waited this many TTFT targets without a first token"""
+    cotenant: CoTenantDemand | None = None
+    """the memory demand of a co-located tenant, served from the memory the engine leaves"""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -82,6 +112,19 @@ class EngineConfig:
         if self.default_slo_class not in self.slo_classes:
             raise ValueError(f"default_slo_class {self.default_slo_class!r} is not one of "
                              f"{sorted(self.slo_classes)}")
+        _check_batch_share(self.batch_share)
+        if self.admission not in tuple(AdmissionPolicy):
+            raise ValueError(f"admission must be one of {', '.join(AdmissionPolicy)}, got "
+                             f"{self.admission!r}")
+        lo, hi = ADMISSION_SLACK_RANGE
+        if not lo <= self.admission_slack <= hi:
+            raise ValueError(f"admission_slack must lie in [{lo:g}, {hi:g}] TTFT targets, got "
+                             f"{self.admission_slack}")
+
+
+def _check_batch_share(share: float) -> None:
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"batch_share must lie in [0, 1], got {share}")
 
 
 class Engine:
@@ -114,10 +157,23 @@ class Engine:
         self._ended = SummaryAccumulator()  # the run summary's inputs, one entry per ended request
         self._pending: list[Request] = []  # not yet arrived, sorted by arrival
         self._next_pending = 0
-        self.waiting: deque[Request] = deque()
-        self._waiting_tokens = 0
-        self.running: list[Request] = []  # admission order: the newest is last
+        self.waiting: deque[Request] = deque()  # interactive, on time
+        self.late: deque[Request] = deque()  # interactive, late (policy late_to_back)
+        self.waiting_batch: deque[Request] = deque()
+        self._waiting_tokens = 0  # of waiting + late
+        self._batch_waiting_tokens = 0
+        # interactive requests in admission order, then batch ones in admission order: the
+        # newest batch request is last, so it is the first preempted
+        self.running: list[Request] = []
+        self._num_running_batch = 0
         self._num_prefilling = 0  # running requests that still have prompt (or recompute) work
+        self._set_policy(self.config.admission, self.config.admission_slack)
+        self.batch_share = self.config.batch_share
+        self._cotenant = self.config.cotenant
+        self._mem_t = 0.0  # memory integrals are accounted up to here
+        self.kv_gib_s = 0.0
+        self.cotenant_served_gib_s = 0.0
+        self.cotenant_demand_gib_s = 0.0
         self._chunk_cap: int | None = None  # set by an OOM until the knobs change
         self._deadlines: list[tuple[float, int, int, Request]] = []  # violation certainty heap
 
@@ -157,24 +213,30 @@ class Engine:
                 raise ValueError(f"request {i}: unknown SLO class {cls!r} "
                                  f"(known: {sorted(classes)})")
             new.append(Request(base_id + i, t, int(prompt_tokens[i]), int(output_tokens[i]), cls,
-                               target.ttft_s, target.tpot_s))
+                               target.ttft_s, target.tpot_s, target.deadline_s))
         self._num_added += n
         self.requests.extend(new)
         self._pending.extend(new)
 
     @property
     def num_unfinished(self) -> int:
-        return (len(self._pending) - self._next_pending) + len(self.waiting) + len(self.running)
+        return ((len(self._pending) - self._next_pending) + len(self.waiting) + len(self.late)
+                + len(self.waiting_batch) + len(self.running))
 
     def has_work(self) -> bool:
         return self.num_unfinished > 0
 
     def next_event_s(self) -> float:
-        """When an idle engine next has something to do: the next arrival or the expiry of the
-        oldest waiting request's window (inf when neither is ahead). A wall-clock pacer sleeps
-        until then."""
+        """When an idle engine next has something to do: the next arrival, the expiry of the
+        oldest waiting request's window (now, for a late one), or, with deadline-aware admission
+        or batch work waiting, the next deadline that changes the queues (inf when none is
+        ahead). A wall-clock pacer sleeps until then."""
         wake = self._next_arrival_s()
-        return min(wake, self._admission_deadline()) if self.waiting else wake
+        if self.waiting or self.late:
+            wake = min(wake, self._admission_deadline())
+        if (not self._fcfs or self.waiting_batch) and self._deadlines:
+            wake = min(wake, self._deadlines[0][0])  # a batch request expires, a late one goes
+        return wake
 
     def is_idle(self) -> bool:
         """Nothing waiting or running: the engine can only wait for its next arrival."""
@@ -205,12 +267,20 @@ class Engine:
                 self._reject(r, RejectReason.INVALID)
             elif r.prompt_tokens + r.output_tokens > max_len:
                 self._reject(r, RejectReason.EXCEEDS_MAX_MODEL_LEN)
+            elif r.is_batch:
+                r.status = Status.WAITING
+                self.waiting_batch.append(r)
+                self._batch_waiting_tokens += r.prompt_tokens
+                heapq.heappush(self._deadlines, (r.deadline_s, r.req_id, _FINISH, r))
             else:
                 r.status = Status.WAITING
                 self.waiting.append(r)
                 self._waiting_tokens += r.prompt_tokens
                 heapq.heappush(self._deadlines,
                                (r.arrival_s + r.ttft_target_s, r.req_id, _FIRST_TOKEN, r))
+                if self._slack_events:
+                    heapq.heappush(self._deadlines, (r.arrival_s + self._slack * r.ttft_target_s,
+                                                     r.req_id, _LATE, r))
         if i > self._next_pending:
             self._next_pending = i
             if i > 4096 and i * 2 > len(pending):  # drop the arrived prefix now and then
@@ -227,6 +297,14 @@ class Engine:
                 self.requests = [q for q in self.requests if q.status < Status.FINISHED]
                 self._num_dropped = 0
 
+    def _violation(self, r: Request) -> None:
+        """Count ``r``'s SLO miss, once."""
+        if not r.violation_counted:
+            r.violation_counted = True
+            self._interval.violations += 1
+            if r.is_batch:
+                self._interval.batch_violations += 1
+
     def _reject(self, r: Request, reason: RejectReason) -> None:
         r.status = Status.REJECTED
         r.reject_reason = reason
@@ -234,9 +312,7 @@ class Engine:
         self._ended_request(r)
         if reason != RejectReason.ABORTED:
             self._interval.rejected += 1
-            if not r.violation_counted:
-                r.violation_counted = True
-                self._interval.violations += 1
+            self._violation(r)
 
     def _finish(self, r: Request) -> None:
         r.status = Status.FINISHED
@@ -246,41 +322,129 @@ class Engine:
         self._ended_request(r)
         iv = self._interval
         iv.finished += 1
+        if r.is_batch:
+            self._num_running_batch -= 1
+            if r.meets_slo():
+                iv.met += 1
+                iv.batch_met += 1
+                iv.batch_goodput_tokens += r.prompt_tokens + r.output_tokens
+            else:
+                self._violation(r)
+            return
         if r.output_tokens >= 2:
             assert r.first_token_s is not None  # it produced tokens
             tpot = (r.finish_s - r.first_token_s) / (r.output_tokens - 1)
             iv.tpot_ratios.append(tpot / r.tpot_target_s)
         if r.meets_slo():
             iv.met += 1
-        elif not r.violation_counted:
-            r.violation_counted = True
-            iv.violations += 1
+        else:
+            self._violation(r)
 
     def _first_token(self, r: Request) -> None:
         r.first_token_s = self.now
+        if r.is_batch:
+            return
         ttft = self.now - r.arrival_s
         iv = self._interval
         iv.ttft_ratios.append(ttft / r.ttft_target_s)
-        if ttft > r.ttft_target_s and not r.violation_counted:
-            r.violation_counted = True
-            iv.violations += 1
+        if ttft > r.ttft_target_s:
+            self._violation(r)
         elif r.output_tokens >= 2:
             deadline = r.first_token_s + r.tpot_target_s * (r.output_tokens - 1)
             heapq.heappush(self._deadlines, (deadline, r.req_id, _FINISH, r))
 
     def _count_certain_violations(self) -> None:
-        """Count requests whose miss is certain by now: no first token past the TTFT target, or
-        not finished past the time their TPOT target allows."""
+        """Count requests whose miss is certain by now (no first token past the TTFT target, not
+        finished past the time their TPOT target or deadline allows) and apply the admission
+        policy to those that are late."""
         dl = self._deadlines
         now = self.now
-        iv = self._interval
-        while dl and dl[0][0] < now:
+        while dl and dl[0][0] <= now:  # a first token or finish at ``now`` is applied already
             _, _, kind, r = heapq.heappop(dl)
-            if r.violation_counted or r.status >= Status.FINISHED:
+            if r.status >= Status.FINISHED:
                 continue
-            if (kind == _FIRST_TOKEN and r.first_token_s is None) or kind == _FINISH:
-                r.violation_counted = True
-                iv.violations += 1
+            if kind == _FINISH:
+                self._violation(r)
+                if r.is_batch and r.status == Status.WAITING:
+                    self.waiting_batch.remove(r)
+                    self._batch_waiting_tokens -= r.num_tokens
+                    self._interval.expired += 1
+                    self._reject(r, RejectReason.EXPIRED)
+            elif r.first_token_s is None:
+                if kind == _FIRST_TOKEN:
+                    self._violation(r)
+                if kind == _LATE:
+                    if r.arrival_s + self._slack * r.ttft_target_s <= now:  # not a stale one
+                        self._on_late(r)
+                elif self._slack == 1.0:
+                    self._on_late(r)
+                elif self._policy == AdmissionPolicy.SHED and r.status == Status.RUNNING:
+                    self._on_late(r)  # a prefill past its TTFT target: its miss is certain
+
+    def _set_policy(self, admission: str, slack: float) -> None:
+        self._policy = AdmissionPolicy(admission)
+        self._slack = slack
+        # whether deadlines can change the queues (then time stops at them), and whether a
+        # request gets a separate event when its slack passes
+        self._fcfs = self._policy == AdmissionPolicy.FCFS
+        self._slack_events = not self._fcfs and slack != 1.0
+
+    @property
+    def admission(self) -> str:
+        """The admission policy in force (``fcfs``, ``shed`` or ``late_to_back``)."""
+        return self._policy.value
+
+    @property
+    def admission_slack(self) -> float:
+        """The admission slack in force, in TTFT targets."""
+        return self._slack
+
+    def set_admission(self, admission: str, slack: float) -> None:
+        """Change the admission policy and slack now (see :mod:`runtime.engine.admission`):
+        waiting requests already late get the new policy at once (``shed`` also drops those in
+        the late queue), the others when their new slack passes."""
+        EngineConfig(admission=admission, admission_slack=slack)  # checks both
+        self._set_policy(admission, slack)
+        now = self.now
+        for r in list(self.waiting):
+            if r.first_token_s is None and r.arrival_s + slack * r.ttft_target_s <= now:
+                self._on_late(r)
+        if self._policy == AdmissionPolicy.SHED:
+            while self.late:
+                r = self.late.popleft()
+                self._waiting_tokens -= r.num_tokens
+                self._interval.shed += 1
+                self._reject(r, RejectReason.SHED)
+        if self._slack_events:
+            for r in self.waiting:
+                if r.first_token_s is None and not r.is_batch:
+                    heapq.heappush(self._deadlines, (r.arrival_s + slack * r.ttft_target_s,
+                                                     r.req_id, _LATE, r))
+
+    def _on_late(self, r: Request) -> None:
+        """Apply the admission policy to ``r``, late for its first token."""
+        if self._fcfs:
+            return
+        policy = self._policy
+        if r.status == Status.WAITING:
+            if r.is_late:
+                return  # already behind the on-time requests
+            self.waiting.remove(r)
+            if policy == AdmissionPolicy.LATE_TO_BACK:
+                r.is_late = True
+                self.late.append(r)
+                self._interval.late += 1
+                return
+            self._waiting_tokens -= r.num_tokens
+        elif policy == AdmissionPolicy.SHED and self.now - r.arrival_s > r.ttft_target_s:
+            self.running.remove(r)  # running, still prefilling
+            self._num_prefilling -= 1
+            self.pool.free(r.block_ids)
+            r.block_ids = []
+        else:
+            return
+        self._interval.shed += 1
+        self._reject(r, RejectReason.SHED)
 
     # ------------------------------------------------------------------ knobs
     def _activation_limit(self, knobs: Knobs) -> int:
@@ -294,6 +458,7 @@ class Engine:
         engine). Lowering the ratio below the blocks in use preempts the newest requests."""
         if knobs == self.knobs:
             return 0.0
+        self._account_memory()
         old = self.knobs
         self.knobs = knobs
         self._max_batch_tokens = self._activation_limit(knobs)
@@ -319,8 +484,35 @@ class Engine:
         return cost
 
     # ------------------------------------------------------------------ scheduling
+    def set_batch_share(self, share: float) -> None:
+        """Set the share of the prefill chunk and sequence slots batch requests may take (it
+        applies from the next admission and step; running batch requests are not preempted)."""
+        _check_batch_share(share)
+        self.batch_share = share
+
+    def _account_memory(self) -> None:
+        """Integrate the KV pool's GiB-seconds and the co-tenant's demand up to now."""
+        t0, now = self._mem_t, self.now
+        if now <= t0:
+            return
+        self._mem_t = now
+        kv_gib = self.pool.num_blocks * self.memory.kv_block_bytes / GIB
+        iv = self._interval
+        iv.kv_gib_s += kv_gib * (now - t0)
+        self.kv_gib_s += kv_gib * (now - t0)
+        if self._cotenant is not None:
+            m = self.memory
+            lendable = (m.free_after_weights - self.pool.num_blocks * m.kv_block_bytes
+                        - m.activation_bytes(self.knobs.prefill_chunk_tokens
+                                             + self.config.max_num_seqs))
+            served, demanded = self._cotenant.integrate(t0, now, lendable / GIB)
+            iv.cotenant_served_gib_s += served
+            iv.cotenant_demand_gib_s += demanded
+            self.cotenant_served_gib_s += served
+            self.cotenant_demand_gib_s += demanded
+
     def _preempt(self, r: Request) -> None:
-        """Drop ``r``'s KV and send it to the front of the queue (the caller removed it from
+        """Drop ``r``'s KV and send it to the front of its queue (the caller removed it from
         ``running``)."""
         if r.num_computed_tokens < r.num_tokens - (1 if r.num_output_tokens else 0):
             self._num_prefilling -= 1
@@ -329,48 +521,110 @@ class Engine:
         r.num_computed_tokens = 0
         r.num_preemptions += 1
         r.status = Status.WAITING
-        self.waiting.appendleft(r)
-        self._waiting_tokens += r.num_tokens
+        if r.is_batch:
+            self._num_running_batch -= 1
+            self.waiting_batch.appendleft(r)
+            self._batch_waiting_tokens += r.num_tokens
+        else:
+            self.waiting.appendleft(r)
+            self._waiting_tokens += r.num_tokens
         self.num_preemptions += 1
         self._interval.preemptions += 1
 
     def _admission_deadline(self) -> float:
-        """When the window of the oldest waiting request expires."""
+        """When the window of the oldest on-time waiting request expires (late requests are
+        always due)."""
+        if not self.waiting:
+            return self.now
         return self.waiting[0].arrival_s + self.knobs.batch_window_ms * 1e-3
 
     def _admit(self) -> None:
-        """Admit waiting requests if the window expired or their tokens fill a chunk."""
-        waiting = self.waiting
-        if not waiting:
-            return
-        if not (self.now >= self._admission_deadline()
-                or self._waiting_tokens >= self.knobs.prefill_chunk_tokens):
-            return
+        """Admit interactive requests if the window expired or their tokens fill a chunk (on-time
+        ones first, then late ones), then batch requests if no interactive one is left waiting
+        and ``batch_share`` leaves them slots."""
+        if self.waiting or self.late:
+            if not (self.now >= self._admission_deadline()
+                    or self._waiting_tokens >= self.knobs.prefill_chunk_tokens):
+                return
+            for queue in (self.waiting, self.late):
+                if queue and not self._admit_from(queue):
+                    return
+        if self.waiting_batch:
+            n = self._num_running_batch
+            slots = min(self.config.max_num_seqs,
+                        len(self.running) - n + int(self.batch_share * self.config.max_num_seqs))
+            held = sum(len(r.block_ids) for r in self.running[len(self.running) - n:])
+            self._admit_from(self.waiting_batch, slots,
+                             int(self.batch_share * self.pool.num_blocks) - held)
+
+    def _admit_from(self, queue: deque[Request], max_seqs: int | None = None,
+                    max_blocks: int | None = None) -> bool:
+        """Admit requests from the front of ``queue`` while ``running`` has fewer than
+        ``max_seqs`` (default: ``max_num_seqs``), the admitted ones take at most ``max_blocks``
+        blocks (default: no cap) and KV blocks allow; an interactive request that does not fit
+        preempts running batch requests when that makes it fit. Returns whether the queue was
+        emptied."""
         pool = self.pool
         bs = self.block_size
-        max_seqs = self.config.max_num_seqs
+        if max_seqs is None:
+            max_seqs = self.config.max_num_seqs
         running = self.running
         watermark = int(self.config.watermark * pool.num_blocks)
-        while waiting and len(running) < max_seqs:
-            r = waiting[0]
+        while queue:
+            r = queue[0]
+            batch = r.is_batch
             if -(-(r.prompt_tokens + r.output_tokens) // bs) > pool.num_blocks:
-                waiting.popleft()
-                self._waiting_tokens -= r.num_tokens
+                queue.popleft()
+                self._drop_waiting_tokens(r)
                 self._reject(r, RejectReason.EXCEEDS_KV_CAPACITY)
                 continue
             need = -(-r.num_tokens // bs)
-            if pool.num_free - need < (watermark if running else 0):
-                break
-            waiting.popleft()
-            self._waiting_tokens -= r.num_tokens
+            if max_blocks is not None:
+                if need > max_blocks and self._num_running_batch:
+                    return False  # (a request larger than the cap runs when it runs alone)
+                max_blocks -= need
+            if len(running) >= max_seqs or pool.num_free - need < (watermark if running else 0):
+                if batch or not self._make_room_from_batch(need, watermark):
+                    return False
+            queue.popleft()
+            self._drop_waiting_tokens(r)
             blocks = pool.allocate(need)
             assert blocks is not None  # num_free was checked above
             r.block_ids = blocks
             r.status = Status.RUNNING
             if r.admitted_s is None:
                 r.admitted_s = self.now
-            running.append(r)
+            if batch:
+                running.append(r)
+                self._num_running_batch += 1
+            elif self._num_running_batch:
+                running.insert(len(running) - self._num_running_batch, r)
+            else:
+                running.append(r)
             self._num_prefilling += 1
+        return True
+
+    def _drop_waiting_tokens(self, r: Request) -> None:
+        if r.is_batch:
+            self._batch_waiting_tokens -= r.num_tokens
+        else:
+            self._waiting_tokens -= r.num_tokens
+
+    def _make_room_from_batch(self, need: int, watermark: int) -> bool:
+        """Preempt the newest running batch requests until a slot and ``need`` blocks (with the
+        watermark) are free; preempts nothing and returns False when all of them would not do."""
+        n = self._num_running_batch
+        if not n:
+            return False
+        running = self.running
+        freeable = sum(len(r.block_ids) for r in running[len(running) - n:])
+        if len(running) - n >= self.config.max_num_seqs or \
+                self.pool.num_free + freeable - need < (watermark if len(running) > n else 0):
+            return False
+        while (len(running) >= self.config.max_num_seqs
+               or self.pool.num_free - need < (watermark if running else 0)):
+            self._preempt(running.pop())
+        return True
 
     def _schedule(self, budget: int) -> Batch:
         """One batch: a token for every decode, prefill chunks FCFS up to ``budget`` tokens.
@@ -382,6 +636,7 @@ class Engine:
         pool = self.pool
         bs = self.block_size
         ctx = pf_tokens = pairs = 0
+        batch_budget = int(self.batch_share * budget)
         i = 0
         while i < len(running):
             r = running[i]
@@ -405,6 +660,13 @@ class Engine:
                 ctx += computed + 1
             elif budget > 0:
                 n = todo if todo < budget else budget
+                if r.is_batch:  # batch requests come last: interactive prefill went first
+                    if n > batch_budget:
+                        n = batch_budget
+                        if n <= 0:
+                            i += 1
+                            continue
+                    batch_budget -= n
                 budget -= n
                 prefills.append((r, n))
                 pf_tokens += n
@@ -496,6 +758,10 @@ class Engine:
             deadline = self._admission_deadline()
             if deadline > now:
                 wake = min(wake, deadline)
+        if (not self._fcfs or self.waiting_batch) and self._deadlines:
+            # a late request or an expiring batch one changes the queues at its deadline, as
+            # the step-by-step path would see it
+            wake = min(wake, self._deadlines[0][0])
         if wake <= now:
             return False
         bs = self.block_size
@@ -570,17 +836,18 @@ class Engine:
     def run_until(self, t: float) -> None:
         """Run iterations while ``now < t``. The last one may end after ``t`` (an iteration is not
         interrupted); when idle, time jumps to the next arrival or admission deadline."""
+        dl = self._deadlines
         while self.now < t:
             self._take_arrivals()
+            if dl and dl[0][0] <= self.now:
+                self._count_certain_violations()
             self._admit()
             if self._fast_decode(t):
                 continue
             if self._step():
                 continue
-            # idle: nothing can run until an arrival or a window expires
-            wake = min(t, self._next_arrival_s())
-            if self.waiting:
-                wake = min(wake, self._admission_deadline())
+            # idle: nothing can run until an arrival, a window or a deadline
+            wake = min(t, self.next_event_s())
             if wake <= self.now:  # waiting, but blocked (cannot happen with nothing running)
                 raise RuntimeError(f"engine stalled at t={self.now}: {len(self.waiting)} waiting, "
                                    f"{len(self.running)} running, {self.pool.num_free} free blocks")
@@ -604,15 +871,18 @@ class Engine:
             r.block_ids = []
             self._reject(r, reason)
             n += 1
-        for r in self.waiting:
-            self._reject(r, reason)
-            n += 1
+        for queue in (self.waiting, self.late, self.waiting_batch):
+            for r in queue:
+                self._reject(r, reason)
+                n += 1
+            queue.clear()
         for r in self._pending[self._next_pending:]:
             self._reject(r, reason)
             n += 1
         self.running = []
-        self.waiting.clear()
+        self._num_running_batch = 0
         self._waiting_tokens = 0
+        self._batch_waiting_tokens = 0
         self._num_prefilling = 0
         self._pending = []
         self._next_pending = 0
@@ -623,11 +893,15 @@ class Engine:
         """Close the current interval: return its stats (with the engine state now) and start a
         new one."""
         self._count_certain_violations()
+        self._account_memory()
         iv = self._interval
         iv.end_s = self.now
-        iv.waiting = len(self.waiting)
-        iv.waiting_tokens = self._waiting_tokens
+        iv.batch_waiting = len(self.waiting_batch)
+        iv.waiting = len(self.waiting) + len(self.late) + iv.batch_waiting
+        iv.waiting_tokens = self._waiting_tokens + self._batch_waiting_tokens
         iv.running = len(self.running)
+        iv.batch_running = self._num_running_batch
+        iv.batch_backlog_tokens = self._batch_backlog_tokens()
         iv.kv_utilization = self.pool.utilization()
         iv.kv_fragmentation = self.pool.fragmentation()
         iv.kv_blocks = self.pool.num_blocks
@@ -635,14 +909,23 @@ class Engine:
         self._interval = IntervalStats(start_s=self.now)
         return iv
 
+    def _batch_backlog_tokens(self) -> int:
+        n = self._num_running_batch
+        todo = sum(r.prompt_tokens + r.output_tokens - r.num_computed_tokens
+                   for r in self.running[len(self.running) - n:]) if n else 0
+        return todo + sum(r.prompt_tokens + r.output_tokens for r in self.waiting_batch)
+
     def _oldest_wait_ratio(self) -> float:
-        oldest: Request | None = None
+        oldest: Request | None = self.late[0] if self.late else None  # late ones waited longest
         for r in self.waiting:  # preempted requests (with a first token) sit at the front
             if r.first_token_s is None:
-                oldest = r
+                if oldest is None or r.arrival_s < oldest.arrival_s:
+                    oldest = r
                 break
         if self._num_prefilling:
             for r in self.running:
+                if r.is_batch:
+                    break  # batch requests come last and have no TTFT target
                 if r.first_token_s is None and (oldest is None or r.arrival_s < oldest.arrival_s):
                     oldest = r
                     break  # running is in admission order, so the first one is the oldest
@@ -651,8 +934,11 @@ class Engine:
         return (self.now - oldest.arrival_s) / oldest.ttft_target_s
 
     def summary(self) -> RunSummary:
-        return self._ended.summary(self._num_added, self.now, self.num_preemptions,
-                                   self.num_ooms, self.num_iterations)
+        self._account_memory()
+        return self._ended.summary(
+            (r for r in self.requests if r.status < Status.FINISHED), self.now,
+            self.num_preemptions, self.num_ooms, self.num_iterations, self.kv_gib_s,
+            (self.cotenant_served_gib_s, self.cotenant_demand_gib_s))
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (for tests and debugging)."""
@@ -663,7 +949,13 @@ class Engine:
         assert len(used) + len(free) == self.pool.num_blocks, (
             f"{self.pool.num_blocks - len(used) - len(free)} blocks leaked")
         assert all(0 <= b < self.pool.num_blocks for b in used + free), "block id out of range"
-        assert self._waiting_tokens == sum(r.num_tokens for r in self.waiting)
+        assert self._waiting_tokens == sum(r.num_tokens for r in (*self.waiting, *self.late))
+        assert self._batch_waiting_tokens == sum(r.num_tokens for r in self.waiting_batch)
+        n_batch = self._num_running_batch
+        assert [r.is_batch for r in self.running] == (
+            [False] * (len(self.running) - n_batch) + [True] * n_batch), "class order"
+        for q in (self.waiting, self.late, self.waiting_batch):
+            assert all(r.status == Status.WAITING for r in q), "a queued request is not waiting"
         prefilling = sum(1 for r in self.running
                          if not (r.num_output_tokens and r.num_computed_tokens == r.num_tokens - 1))
         assert prefilling == self._num_prefilling, (prefilling, self._num_prefilling)

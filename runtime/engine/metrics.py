@@ -52,6 +52,24 @@ class IntervalStats:
     decode_tokens: int = 0
     busy_s: float = 0.0
     resize_s: float = 0.0
+    batch_met: int = 0
+    """of ``met``: batch requests finished by their deadline"""
+    batch_violations: int = 0
+    """of ``violations``: batch requests whose deadline passed unfinished, or that were dropped"""
+    batch_goodput_tokens: int = 0
+    """prompt + output tokens of the batch requests finished by their deadline"""
+    shed: int = 0
+    """interactive requests rejected as ``shed`` by deadline-aware admission"""
+    expired: int = 0
+    """batch requests rejected as ``expired`` (deadline passed before admission)"""
+    late: int = 0
+    """interactive requests moved behind on-time ones (policy ``late_to_back``)"""
+    kv_gib_s: float = 0.0
+    """GiB-seconds of KV pool held over the interval"""
+    cotenant_demand_gib_s: float = 0.0
+    """GiB-seconds the co-tenant wanted over the interval (0 without one)"""
+    cotenant_served_gib_s: float = 0.0
+    """GiB-seconds of that demand that the memory left by the engine served"""
     ttft_ratios: list[float] = field(default_factory=list)
     """TTFT over its class target, for every first token of the interval"""
     tpot_ratios: list[float] = field(default_factory=list)
@@ -64,7 +82,15 @@ class IntervalStats:
     kv_fragmentation: float = 0.0
     kv_blocks: int = 0
     oldest_wait_ratio: float = 0.0
-    """age of the oldest request still without a first token, over its TTFT target"""
+    """age of the oldest interactive request still without a first token, over its TTFT
+    target"""
+    batch_waiting: int = 0
+    """of ``waiting``: batch requests"""
+    batch_running: int = 0
+    """of ``running``: batch requests"""
+    batch_backlog_tokens: int = 0
+    """tokens the batch requests in the engine (waiting or running) still have to compute,
+    outputs counted at their full length"""
 
     @property
     def duration_s(self) -> float:
@@ -91,6 +117,18 @@ class IntervalStats:
         """Met over (met + certain violations) in the interval; 1.0 when nothing was decided."""
         decided = self.met + self.violations
         return self.met / decided if decided else 1.0
+
+    @property
+    def interactive_attainment(self) -> float:
+        """:attr:`slo_attainment` over the interactive classes alone."""
+        met = self.met - self.batch_met
+        decided = met + self.violations - self.batch_violations
+        return met / decided if decided else 1.0
+
+    @property
+    def mean_kv_gib(self) -> float:
+        d = self.duration_s
+        return self.kv_gib_s / d if d > 0 else 0.0
 
     @property
     def ttft_p99_ratio(self) -> float:
@@ -123,6 +161,22 @@ class RunSummary:
     ooms: int
     iterations: int
     sim_seconds: float
+    interactive_requests: int = 0
+    interactive_attainment: float = 1.0
+    """met / (finished + rejected) over the interactive classes, aborted excluded"""
+    batch_requests: int = 0
+    batch_met: int = 0
+    """batch requests finished by their deadline"""
+    batch_goodput_tps: float = 0.0
+    """prompt + output tokens of batch requests finished by their deadline, per second"""
+    batch_unfinished: int = 0
+    """batch requests still in flight (waiting or running) at the end: the backlog"""
+    late: int = 0
+    """interactive requests moved behind on-time ones (admission ``late_to_back``)"""
+    mean_kv_gib: float = 0.0
+    """the KV pool's size, averaged over the run"""
+    cotenant_served_share: float = 1.0
+    """served / demanded GiB-seconds of the co-tenant (1 without one)"""
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -131,11 +185,14 @@ class RunSummary:
 class SummaryAccumulator:
     """What a run summary needs from the requests that ended, taken as each one ends, so that the
     engine can drop ended requests and still summarise the run exactly: the counts, and each
-    finished request's TTFT and TPOT (8 bytes each, in compact arrays, for exact percentiles)."""
+    finished interactive request's TTFT and TPOT (8 bytes each, in compact arrays, for exact
+    percentiles)."""
 
-    __slots__ = ("finished", "rejected", "met", "reasons", "ttfts", "tpots")
+    __slots__ = ("num", "finished", "rejected", "met", "reasons", "ttfts", "tpots", "num_batch",
+                 "batch_met", "batch_decided", "batch_tokens", "late")
 
     def __init__(self) -> None:
+        self.num = 0
         self.finished = 0
         self.rejected = 0
         """rejections that count against attainment (aborted ones do not)"""
@@ -143,31 +200,60 @@ class SummaryAccumulator:
         self.reasons: dict[str, int] = {}
         self.ttfts = array("d")
         self.tpots = array("d")
+        self.num_batch = 0
+        self.batch_met = 0
+        self.batch_decided = 0
+        self.batch_tokens = 0
+        self.late = 0
 
     def add(self, r: Request) -> None:
         """Account for ``r``, which has just finished or been rejected."""
+        self.num += 1
+        self.late += r.is_late
+        batch = r.is_batch
+        self.num_batch += batch
         if r.status == Status.FINISHED:
             assert r.first_token_s is not None and r.finish_s is not None
             self.finished += 1
+            ok = r.meets_slo()
+            self.met += ok
+            if batch:
+                self.batch_decided += 1
+                if ok:
+                    self.batch_met += 1
+                    self.batch_tokens += r.prompt_tokens + r.output_tokens
+                return
             self.ttfts.append(r.first_token_s - r.arrival_s)
             if r.output_tokens >= 2:
                 self.tpots.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1))
-            self.met += r.meets_slo()
         elif r.status == Status.REJECTED:
             assert r.reject_reason is not None
             reason = r.reject_reason.value
             self.reasons[reason] = self.reasons.get(reason, 0) + 1
             if r.reject_reason != RejectReason.ABORTED:
                 self.rejected += 1
+                self.batch_decided += batch
 
-    def summary(self, num_requests: int, sim_seconds: float, preemptions: int, ooms: int,
-                iterations: int) -> RunSummary:
-        """The run summary, ``num_requests`` counting those still in flight too."""
-        met, finished = self.met, self.finished
-        decided = finished + self.rejected
+    def summary(self, in_flight: Iterable[Request], sim_seconds: float, preemptions: int,
+                ooms: int, iterations: int, kv_gib_s: float = 0.0,
+                cotenant_gib_s: tuple[float, float] = (0.0, 0.0)) -> RunSummary:
+        """The run's figures, with ``in_flight`` the requests that have not ended. TTFT and TPOT
+        percentiles are over interactive requests (a batch request's are not judged);
+        ``cotenant_gib_s`` is (served, demanded)."""
+        n, n_batch, late, batch_open = self.num, self.num_batch, self.late, 0
+        for r in in_flight:
+            n += 1
+            late += r.is_late
+            n_batch += r.is_batch
+            batch_open += r.is_batch
+        met, finished, rejected = self.met, self.finished, self.rejected
+        batch_met = self.batch_met
+        decided = finished + rejected
+        i_met, i_decided = met - batch_met, decided - self.batch_decided
+        served, demanded = cotenant_gib_s
         ttfts, tpots = self.ttfts, self.tpots
         return RunSummary(
-            requests=num_requests, finished=finished, rejected=self.rejected,
+            requests=n, finished=finished, rejected=rejected,
             rejected_by_reason=dict(self.reasons), met=met,
             slo_attainment=met / decided if decided else 1.0,
             goodput_rps=met / sim_seconds if sim_seconds > 0 else 0.0,
@@ -177,18 +263,29 @@ class SummaryAccumulator:
             tpot_p50_s=percentile(tpots, 50), tpot_p90_s=percentile(tpots, 90),
             tpot_p99_s=percentile(tpots, 99),
             preemptions=preemptions, ooms=ooms, iterations=iterations, sim_seconds=sim_seconds,
+            interactive_requests=n - n_batch,
+            interactive_attainment=i_met / i_decided if i_decided else 1.0,
+            batch_requests=n_batch, batch_met=batch_met,
+            batch_goodput_tps=self.batch_tokens / sim_seconds if sim_seconds > 0 else 0.0,
+            batch_unfinished=batch_open, late=late,
+            mean_kv_gib=kv_gib_s / sim_seconds if sim_seconds > 0 else 0.0,
+            cotenant_served_share=served / demanded if demanded > 0 else 1.0,
         )
 
 
 def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int, ooms: int,
-              iterations: int) -> RunSummary:
-    """The run summary of ``requests`` (those still in flight count in ``requests`` only)."""
+              iterations: int, kv_gib_s: float = 0.0,
+              cotenant_gib_s: tuple[float, float] = (0.0, 0.0)) -> RunSummary:
+    """The run's figures from every request (see :meth:`SummaryAccumulator.summary`)."""
     acc = SummaryAccumulator()
-    n = 0
+    in_flight = []
     for r in requests:
-        n += 1
-        acc.add(r)
-    return acc.summary(n, sim_seconds, preemptions, ooms, iterations)
+        if r.status >= Status.FINISHED:
+            acc.add(r)
+        else:
+            in_flight.append(r)
+    return acc.summary(in_flight, sim_seconds, preemptions, ooms, iterations, kv_gib_s,
+                       cotenant_gib_s)
 
 
 def burst_onsets(arrival_rate: Sequence[float], interval_s: float, *, factor: float = 3.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 
 
 class Status(enum.IntEnum):
@@ -22,6 +23,11 @@ class RejectReason(enum.StrEnum):
     """non-positive prompt or output length"""
     ABORTED = "aborted"
     """still in flight when the run was cut off (end of an episode or shutdown)"""
+    SHED = "shed"
+    """dropped by deadline-aware admission: an interactive request whose first token could no
+    longer come in time (a miss; to a client, HTTP 429 with Retry-After)"""
+    EXPIRED = "expired"
+    """a batch request whose completion deadline passed before it was (re)admitted (a miss)"""
 
 
 class Request:
@@ -36,11 +42,12 @@ class Request:
         "req_id", "arrival_s", "prompt_tokens", "output_tokens", "slo_class", "ttft_target_s",
         "tpot_target_s", "status", "num_computed_tokens", "num_output_tokens", "block_ids",
         "first_token_s", "finish_s", "num_preemptions", "reject_reason", "violation_counted",
-        "admitted_s",
+        "admitted_s", "deadline_s", "is_batch", "is_late",
     )
 
     def __init__(self, req_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
-                 slo_class: str, ttft_target_s: float, tpot_target_s: float) -> None:
+                 slo_class: str, ttft_target_s: float, tpot_target_s: float,
+                 deadline_s: float | None = None) -> None:
         self.req_id = req_id
         self.arrival_s = arrival_s
         self.prompt_tokens = prompt_tokens
@@ -59,6 +66,10 @@ class Request:
         # Set once the request's SLO miss became certain and was counted, so it is counted once.
         self.violation_counted = False
         self.admitted_s: float | None = None
+        # A batch request is judged by its completion deadline (absolute seconds), not TTFT/TPOT.
+        self.is_batch = deadline_s is not None
+        self.deadline_s = arrival_s + deadline_s if deadline_s is not None else math.inf
+        self.is_late = False  # moved behind the on-time requests (admission late_to_back)
 
     @property
     def num_tokens(self) -> int:
@@ -75,10 +86,13 @@ class Request:
         return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
 
     def meets_slo(self) -> bool:
-        """Finished within both targets (a one-token output is judged on TTFT alone)."""
+        """Finished within both targets (a one-token output is judged on TTFT alone); a batch
+        request: finished by its deadline."""
         if self.status != Status.FINISHED:
             return False
-        assert self.first_token_s is not None  # a finished request has its first token
+        assert self.finish_s is not None and self.first_token_s is not None  # finished
+        if self.is_batch:
+            return self.finish_s <= self.deadline_s
         if self.first_token_s - self.arrival_s > self.ttft_target_s:
             return False
         tpot = self.tpot_s
