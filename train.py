@@ -44,6 +44,9 @@ class Config:
     environment copies take them round robin"""
     seed: int = 0
     """seed of python, numpy, torch and the environments"""
+    profile: str | None = None
+    """executor profile: a file or a name such as h100-llama3.1-8b-40gib-roofline (see
+    scripts/list_profiles.py); default the shipped roofline H200 Llama-2-7B profile"""
     total_timesteps: int = 250_000
     """environment steps (decision intervals) to train for"""
     n_envs: int = 4
@@ -230,7 +233,7 @@ def make_env_thunks(cfg: Config, trace_ranges: list[tuple[str, tuple]], n: int) 
     """``n`` environment constructors taking the traces round robin."""
     env_kwargs = dict(split="train", episode_s=cfg.episode_s, interval_s=cfg.interval_s,
                       memory_price=cfg.memory_price, violation_weight=cfg.violation_weight,
-                      oom_penalty=cfg.oom_penalty)
+                      oom_penalty=cfg.oom_penalty, profile=cfg.profile)
     return [partial(make_env, *trace_ranges[i % len(trace_ranges)], env_kwargs)
             for i in range(n)]
 
@@ -335,7 +338,8 @@ def final_evaluation(cfg: Config, traces: list[str], onnx_path: Path, run_dir: P
 
     controllers = [c for c in cfg.final_controllers.split(",") if c] + [f"policy:{onnx_path}"]
     result = evaluate(traces, controllers, cfg.final_rate_scales, part="eval",
-                      interval_s=cfg.interval_s, capacity=cfg.final_capacity,
+                      interval_s=cfg.interval_s, profile_path=cfg.profile,
+                      capacity=cfg.final_capacity,
                       workers=cfg.workers, match_static=cfg.final_match_static or None)
     plots = plot(result["rows"], run_dir / "plots")
     for r in result["rows"]:
@@ -415,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     traces = [t for t, _ in trace_ranges]
     for t in traces:  # fail early, with the reader's message, on a bad trace
         resolve_trace(t)
+    profile = Profile.load(cfg.profile)  # and on a bad profile
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
     print(f"run {run_name}: preset {cfg.preset}, traces {', '.join(traces)}, "
           f"{cfg.total_timesteps:,} steps on {cfg.n_envs} environments -> {run_dir}")
@@ -428,9 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     model = make_ppo(cfg, venv, run_dir)
 
     # ---------------------------------------------------------------- periodic evaluation
-    profile = Profile.load()
     windows = periodic_eval_windows(cfg, trace_ranges)
-    spec0 = EvalSpec(traces[0], "eval", None, cfg.interval_s)
+    spec0 = EvalSpec(traces[0], "eval", cfg.profile, cfg.interval_s)
     baselines = {name: evaluate_controller(make_controller(name, spec0), windows,
                                            cfg.interval_s, profile)
                  for name in ("static", "pid")}

@@ -211,7 +211,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
              part: str = "eval", interval_s: float = DEFAULT_INTERVAL_S,
              profile_path: str | None = None, config: EngineConfig | None = None,
              capacity: bool = True, workers: int = 2, progress: bool = True,
-             match_static: float | None = None) -> dict:
+             match_static: float | None = None,
+             tuning_scales: tuple[float, ...] | None = None) -> dict:
     """Run the arena; returns ``{"rows": [...], "capacity": [...], "static_match": [...]}``.
 
     :param match_static: also find, per trace, the rate scale at which the static default
@@ -219,7 +220,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
         ``"matched_static": True``
     """
     config = config or EngineConfig()
-    specs = {t: EvalSpec(t, part, profile_path, interval_s, config) for t in traces}
+    specs = {t: EvalSpec(t, part, profile_path, interval_s, config, tuning_scales=tuning_scales)
+             for t in traces}
     for t in traces:  # resolve names and warm the best-static cache before fanning out
         resolve_trace(t)
         if "best-static" in controllers:

@@ -24,11 +24,13 @@ from agents.report import markdown_table, plot, write_json
 from env.traces.cotenant import cotenant_demand
 from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.engine import EngineConfig
+from runtime.engine.roofline import ProfileChoice
+from runtime.engine.slo import slo_classes_from_arg
 from runtime.session import DEFAULT_INTERVAL_S
 
 
 @dataclass
-class Config:
+class Config(ProfileChoice):
     trace: str = "synthetic"
     """traces, comma-separated: synthetic | azure-conv | azure-code | mixed | mixed:SPEC | PATH"""
     split: Literal["train", "eval", "all"] = "eval"
@@ -40,8 +42,12 @@ class Config:
     """rate scales, comma-separated positive numbers (2 = twice the trace's request rate)"""
     interval_s: float = DEFAULT_INTERVAL_S
     """the decision interval, engine seconds"""
-    profile: str | None = None
-    """executor profile (default: the roofline H200 Llama-2-7B profile)"""
+    slo: str | None = None
+    """SLO classes: a preset (default, long-context) or name:ttft_s:tpot_s[:deadline_s],...,
+    ttft_s optionally BASE+SECONDS/tok (default: the engine's)"""
+    tuning_scales: str | None = None
+    """rate scales best-static is tuned at, comma-separated (default 0.5,0.75,1,1.5,2: around
+    the trace's own rate; a trace far past one accelerator's capacity needs lower ones)"""
     capacity: bool = True
     """find each controller's capacity by bisection (--no-capacity skips it)"""
     match_static: float | None = None
@@ -91,10 +97,17 @@ def main(argv: list[str] | None = None) -> int:
         traces = cfg.names(cfg.trace, "--trace")
         if cfg.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
+        profile = cfg.spec()
         config = EngineConfig(batch_share=cfg.batch_share, admission=cfg.admission.value,
                               admission_slack=cfg.admission_slack,
                               cotenant=cotenant_demand() if cfg.cotenant else None)
-        spec = EvalSpec(traces[0], cfg.split, cfg.profile, cfg.interval_s, config)
+        if cfg.slo:
+            config.slo_classes = slo_classes_from_arg(cfg.slo)
+            config.default_slo_class = next(iter(config.slo_classes))
+        tuning = (tuple(float(x) for x in cfg.tuning_scales.split(",") if x.strip())
+                  if cfg.tuning_scales else None)
+        spec = EvalSpec(traces[0], cfg.split, profile, cfg.interval_s, config,
+                        tuning_scales=tuning)
         for c in controllers:
             if c != "best-static":
                 make_controller(c, spec)  # fail fast on a bad name or policy file
@@ -102,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"evaluate: {e}", file=sys.stderr)
         return 2
     result = evaluate(traces, controllers, scales, part=cfg.split, interval_s=cfg.interval_s,
-                      profile_path=cfg.profile, config=config, capacity=cfg.capacity,
-                      workers=cfg.workers,
-                      progress=not cfg.json, match_static=cfg.match_static)
+                      profile_path=profile, config=config, capacity=cfg.capacity,
+                      workers=cfg.workers, progress=not cfg.json, match_static=cfg.match_static,
+                      tuning_scales=tuning)
     plots = plot(result["rows"], cfg.out)
     path = write_json(result, cfg.out / "results.json")
     if cfg.json:

@@ -39,6 +39,9 @@ class EvalSpec:
     """engine limits and SLO classes"""
     static_knobs: Knobs = DEFAULT_KNOBS
     """the knobs of ``static``"""
+    tuning_scales: tuple[float, ...] | None = None
+    """the rate scales best-static is tuned at (None: its TUNING_SCALES, around the trace's
+    own rate)"""
 
 
 def make_controller(name: str, spec: EvalSpec) -> Controller:
@@ -49,8 +52,9 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
     if name == "best-static":
         from agents.controllers.best_static import BestStaticController, best_static_knobs
 
+        scales = {} if spec.tuning_scales is None else {"scales": spec.tuning_scales}
         knobs = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
-                                  config=spec.config)
+                                  config=spec.config, **scales)
         return BestStaticController(knobs)
     if name == "pid":
         return PidController()

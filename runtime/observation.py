@@ -12,10 +12,16 @@ raw value is clipped to, and a transform into the vector:
 
 The table (rendered from :data:`OBSERVATION_FIELDS`; see :func:`observation_table`) is the
 reference for every field; the spec version changes whenever the table or the knob spec does.
+
+Spec 2 widened the prompt-length fields from 65,536 to 131,072 tokens (128k-context models).
+A policy exported under spec 1 is still served: its inputs are today's vector with those two
+fields rescaled to their old range (:data:`SPEC_ADAPTERS`), which is exactly the vector spec 1
+built, so the shipped policy sees what it was trained on.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -42,14 +48,17 @@ class ObservationField:
         return (-1.0, 1.0) if self.transform in ("slog", "knob") else (0.0, 1.0)
 
 
+PROMPT_TOKENS_HIGH = 131072.0
+"""the top of the prompt-length fields: a 128k-token prompt (Llama-3.1's context)"""
+
 OBSERVATION_FIELDS: tuple[ObservationField, ...] = (
     ObservationField("arrival_rate_rps", "requests/s", 0.0, 5000.0, "log",
                      "requests that arrived in the interval, per second"),
     ObservationField("arrival_rate_change_rps", "requests/s", -5000.0, 5000.0, "slog",
                      "arrival rate minus the previous interval's"),
-    ObservationField("prompt_tokens_mean", "tokens", 0.0, 65536.0, "log",
+    ObservationField("prompt_tokens_mean", "tokens", 0.0, PROMPT_TOKENS_HIGH, "log",
                      "mean prompt length of the interval's arrivals"),
-    ObservationField("prompt_tokens_std", "tokens", 0.0, 65536.0, "log",
+    ObservationField("prompt_tokens_std", "tokens", 0.0, PROMPT_TOKENS_HIGH, "log",
                      "standard deviation of the interval's prompt lengths"),
     ObservationField("waiting_requests", "requests", 0.0, 1e6, "log",
                      "requests waiting for admission at the end of the interval"),
@@ -88,16 +97,41 @@ OBS_LOW = np.array([f.vector_bounds[0] for f in OBSERVATION_FIELDS], dtype=np.fl
 OBS_HIGH = np.array([f.vector_bounds[1] for f in OBSERVATION_FIELDS], dtype=np.float32)
 
 
-def _spec_digest() -> str:
+def _spec_digest(fields: tuple[ObservationField, ...] = OBSERVATION_FIELDS) -> str:
     table = {
         "knobs": [[k.name, k.unit, k.low, k.high, k.scale, k.step] for k in KNOB_SPECS],
-        "observation": [[f.name, f.unit, f.low, f.high, f.transform] for f in OBSERVATION_FIELDS],
+        "observation": [[f.name, f.unit, f.low, f.high, f.transform] for f in fields],
     }
     return hashlib.sha256(json.dumps(table, sort_keys=True).encode()).hexdigest()[:12]
 
 
-SPEC_VERSION = f"batchpilot-spec/1+{_spec_digest()}"
-"""Written into every exported policy; the runtime refuses a policy whose spec differs."""
+SPEC_VERSION = f"batchpilot-spec/2+{_spec_digest()}"
+"""Written into every exported policy; the runtime refuses a policy whose spec it cannot
+serve (this one, or one of :data:`SPEC_ADAPTERS`)."""
+
+
+def _spec1_adapter() -> tuple[str, np.ndarray]:
+    """Spec 1: the same table with the prompt-length fields topped at 65,536 tokens."""
+    old_high = {"prompt_tokens_mean": 65536.0, "prompt_tokens_std": 65536.0}
+    fields = tuple(dataclasses.replace(f, high=old_high.get(f.name, f.high))
+                   for f in OBSERVATION_FIELDS)
+    # Both are log fields from 0: log1p(x) / log1p(old) = today's value * log1p(new) / log1p(old),
+    # and a prompt past the old top reads 1, as spec 1 clipped it.
+    factor = np.array([math.log1p(f.high) / math.log1p(old_high[f.name])
+                       if f.name in old_high else 1.0 for f in OBSERVATION_FIELDS],
+                      dtype=np.float32)
+    return f"batchpilot-spec/1+{_spec_digest(fields)}", factor
+
+
+SPEC_ADAPTERS: dict[str, np.ndarray] = dict([_spec1_adapter()])
+"""older spec versions the runtime still serves, each with the factor that turns today's
+vector into that spec's (:func:`adapt_vector`)"""
+
+
+def adapt_vector(vector: np.ndarray, factor: np.ndarray) -> np.ndarray:
+    """Today's observation vector(s) as an older spec built them: scaled field by field, then
+    clipped to the vector's bounds."""
+    return np.clip(vector * factor, OBS_LOW, OBS_HIGH)
 
 
 _NUM_MEASURED = OBS_DIM - len(KNOB_SPECS)  # the fields before the knobs

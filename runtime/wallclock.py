@@ -44,6 +44,7 @@ class WallClockExecutor:
     def __init__(self, inner: Executor, pacer: WallClockPacer) -> None:
         self.inner = inner
         self.memory = inner.memory
+        self.max_model_len = inner.max_model_len
         self.pacer = pacer
         self.engine: Engine | None = None
         """the engine it runs for (set by :meth:`WallClockPacer.start`)"""

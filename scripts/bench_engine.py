@@ -1,6 +1,11 @@
 """Engine speed and the default profile's sanity, measured side by side in one run.
 
     python scripts/bench_engine.py [--json] [--traces azure-conv,azure-code] [--scales 1 2 4 8]
+    python scripts/bench_engine.py --traces azure-conv --scales 1 --no-capacity \
+        --profiles h200-llama2-7b-40gib-roofline h100-llama3.1-8b-40gib-roofline
+
+``--profiles`` (files or names) measures several profiles side by side in one run, interleaved
+replay by replay (the machine is noisy).
 
 1. Speed: simulated seconds per wall second of whole-trace replays at each rate scale (static
    default knobs, default profile), with the closed-form decode stretches and, at rate scale 1,
@@ -88,17 +93,21 @@ class Args:
     """traces to replay, comma-separated"""
     scales: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
     """rate scales to replay each trace at"""
-    profile: str | None = None
-    """executor profile (default: the shipped roofline profile)"""
+    profiles: tuple[str, ...] = ()
+    """executor profiles, files or names, measured side by side (default: the shipped one)"""
+    capacity: bool = True
+    """find the static default's 90% capacity too (--no-capacity: speed only)"""
     json: bool = False
     """print one JSON object"""
 
 
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
-    profile = Profile.load(args.profile)
+    profiles = [Profile.load(p) for p in (args.profiles or (None,))]
+    profile = profiles[0]
     scales = list(args.scales)
-    out: dict = {"profile": profile.name, "speed": [], "capacity_90_static": []}
+    out: dict = {"profile": ",".join(p.name for p in profiles), "speed": [],
+                 "capacity_90_static": []}
     for label in args.traces.split(","):
         try:
             trace = resolve_trace(label)
@@ -106,9 +115,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_engine: skipping {label}: {e}", file=sys.stderr)
             continue
         for i, scale in enumerate(scales):
-            out["speed"].append(speed_row(trace, label, scale, profile))
-            if i == 0:
-                out["speed"].append(speed_row(trace, label, scale, profile, fast=False))
+            for p in profiles:
+                out["speed"].append({**speed_row(trace, label, scale, p), "profile": p.name})
+                if i == 0:
+                    out["speed"].append({**speed_row(trace, label, scale, p, fast=False),
+                                         "profile": p.name})
+        if not args.capacity:
+            continue
         known: dict[float, float] = {}
 
         def attainment(s: float, trace=trace) -> float:
@@ -121,21 +134,23 @@ def main(argv: list[str] | None = None) -> int:
                                           "bisection_seconds": time.perf_counter() - t0,
                                           **{f"at_{k}": v for k, v in
                                              limits_at(trace, cap, profile).items()}})
-    base = {(r["trace"], r["rate_scale"]): r for r in out["speed"] if r["path"] == "step"}
+    base = {(r["trace"], r["rate_scale"], r["profile"]): r for r in out["speed"]
+            if r["path"] == "step"}
     for r in out["speed"]:
-        b = base.get((r["trace"], r["rate_scale"]))
+        b = base.get((r["trace"], r["rate_scale"], r["profile"]))
         if b and r["path"] == "closed-form":
             r["speedup_vs_step"] = b["wall_seconds"] and b["wall_seconds"] / r["wall_seconds"]
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"profile {profile.name}\n")
-    print("| trace | rate x | path | requests | simulated s | wall s | sim s / wall s | "
+    print(f"profile {out['profile']}\n")
+    print("| profile | trace | rate x | path | requests | simulated s | wall s | sim s / wall s | "
           "us / iteration | vs step | SLO att. |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in out["speed"]:
         vs = f"{r['speedup_vs_step']:.1f}x" if "speedup_vs_step" in r else ""
-        print(f"| {r['trace']} | {r['rate_scale']:g} | {r['path']} | {r['requests']} | "
+        print(f"| {r['profile']} | {r['trace']} | {r['rate_scale']:g} | {r['path']} | "
+              f"{r['requests']} | "
               f"{r['sim_seconds']:.0f} | {r['wall_seconds']:.2f} | {r['speedup']:.0f} | "
               f"{r['us_per_iteration']:.2f} | {vs} | {r['slo_attainment']:.1%} |")
     print("\nStatic default at 90% attainment:")

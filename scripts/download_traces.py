@@ -1,4 +1,4 @@
-"""Download the Azure LLM inference traces of 2023 into the traces folder.
+"""Download the Azure LLM inference traces of 2023 (and Mooncake's) into the traces folder.
 
     python scripts/download_traces.py                  # both, into traces_dir()
     python scripts/download_traces.py --kind conv --dest /data/traces
@@ -17,6 +17,11 @@ that does not parse is deleted.
 The traces are released under CC-BY-4.0. Their documentation asks users to cite Splitwise:
 Patel et al., "Splitwise: Efficient Generative LLM Inference Using Phase Splitting", ISCA 2024.
 
+``--kind mooncake`` fetches Mooncake's synthetic long-context trace (about 1.1 MB, 3,993
+requests; kvcache-ai/Mooncake, ``FAST25-release/traces/synthetic_trace.jsonl``, Apache-2.0; cite
+Qin et al., "Mooncake: Trading More Storage for Less Computation", FAST 2025) into
+``DEST/mooncake-fast25/``, where ``--trace mooncake`` looks for it.
+
 This script needs the network, so the download itself cannot be tested offline (the project's
 machines have none); its tests cover the arguments, the plan and the write-and-verify path with
 a stand-in for the network. Run it from the repository root with the package importable
@@ -34,12 +39,15 @@ from typing import Annotated, Literal
 
 import tyro
 
-from env.traces.azure import read_azure
 from env.traces.errors import TraceFormatError
-from env.traces.locations import AZURE_TRACE_FILES, traces_dir
+from env.traces.load import load_trace
+from env.traces.locations import AZURE_TRACE_FILES, MOONCAKE_TRACE_FILE, traces_dir
 
 AZURE_BASE_URL = "https://raw.githubusercontent.com/Azure/AzurePublicDataset/master/data/"
 """the raw-file URL of the dataset's ``data/`` folder; a file's URL is this plus its name"""
+MOONCAKE_URL = ("https://raw.githubusercontent.com/kvcache-ai/Mooncake/main/FAST25-release/"
+                "traces/synthetic_trace.jsonl")
+"""the raw-file URL of Mooncake's synthetic trace"""
 CHUNK_BYTES = 1 << 16
 """bytes read from the network at a time"""
 
@@ -49,9 +57,9 @@ class Args:
     dest: Path | None = None
     """the traces folder to download into (default: traces_dir(), i.e. $BATCHPILOT_TRACES_DIR
     or ../shared/traces)"""
-    kinds: Annotated[tuple[Literal["conv", "code"], ...], tyro.conf.UseAppendAction,
-                     tyro.conf.arg(name="kind")] = ()
-    """which trace to fetch; repeat for both (default: conv and code)"""
+    kinds: Annotated[tuple[Literal["conv", "code", "mooncake"], ...],
+                     tyro.conf.UseAppendAction, tyro.conf.arg(name="kind")] = ()
+    """which trace to fetch; repeatable (default: conv and code)"""
     force: bool = False
     """download again even where the file is present"""
     dry_run: bool = False
@@ -74,7 +82,8 @@ def parse_args(argv: list[str] | None = None) -> Args:
 
 def plan(dest: Path, kinds: list[str]) -> list[tuple[str, Path]]:
     """``(url, path)`` for each kind, in the order given."""
-    return [(AZURE_BASE_URL + Path(AZURE_TRACE_FILES[kind]).name, dest / AZURE_TRACE_FILES[kind])
+    return [(MOONCAKE_URL, dest / MOONCAKE_TRACE_FILE) if kind == "mooncake" else
+            (AZURE_BASE_URL + Path(AZURE_TRACE_FILES[kind]).name, dest / AZURE_TRACE_FILES[kind])
             for kind in kinds]
 
 
@@ -126,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"present, skipped: {path}")
         try:
-            trace = read_azure(path)
+            trace = load_trace(path)
         except TraceFormatError as e:
             print(f"  does not parse: {e}", file=sys.stderr)
             if fetch:

@@ -41,7 +41,7 @@ from runtime.engine.profiling import (
     measure,
     nnls,
 )
-from runtime.engine.torch_executor import DEFAULT_BUDGET_GIB, TorchExecutor
+from runtime.engine.torch_executor import TorchExecutor, default_budget_gib
 from runtime.engine.torch_model import SHAPES, LlamaConfig
 from runtime.steady_cpu import steady_allocator
 
@@ -64,6 +64,16 @@ GRIDS = {
                        decode_seqs=(1, 16, 64, 256), decode_contexts=(256, 2048),
                        mixed_chunks=(512,))),
 }
+
+
+def grid_for(shape: str) -> tuple[dict, dict]:
+    """The grids of a shape: its own, else tiny's for the CPU shapes and the 7B grid for the
+    full-size catalogue shapes (their layers are as wide)."""
+    if shape in GRIDS:
+        return GRIDS[shape]
+    return GRIDS["tiny" if shape.endswith("-cpu") else "llama2-7b"]
+
+
 # Datasheet peaks by device name fragment, for efficiency fractions (DESIGN.md's figures).
 PEAKS = {"H200": {"hbm_bytes_per_s": 4.8e12, "bf16_flops": 989e12},
          "H100": {"hbm_bytes_per_s": 3.35e12, "bf16_flops": 989e12},
@@ -223,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     steady_allocator()
     cfg: LlamaConfig = SHAPES[args.shape]
-    budget_gib = args.budget_gib if args.budget_gib is not None else DEFAULT_BUDGET_GIB[args.shape]
+    budget_gib = args.budget_gib if args.budget_gib is not None else default_budget_gib(args.shape)
     repeats = (args.repeats if args.repeats is not None else 3 if args.quick
                else 15 if args.device == "cpu" else 7)
     t_start = time.perf_counter()
@@ -238,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{num_blocks} KV blocks at ratio {PROFILE_RATIO}; activations: {ex.activation_source}",
           flush=True)
     grid = default_grid(cfg.max_position, num_blocks, ex.block_size,
-                        **GRIDS[args.shape][1 if args.quick else 0])
+                        **grid_for(args.shape)[1 if args.quick else 0])
     ms, skipped = measure(ex, grid, num_blocks, ex.block_size, PROFILE_RATIO, repeats=repeats,
                           warmup=2, progress=True)
     if len(ms) < 8:
@@ -253,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     profile = Profile(
         name=name, kind="measured", memory=mem, cost=rep.cost, oom_penalty_s=oom_s,
         resize_fixed_s=resize["resize_fixed_s"], resize_per_gib_s=resize["resize_per_gib_s"],
-        block_copy_s=resize["block_copy_s"],
+        block_copy_s=resize["block_copy_s"], max_model_len=cfg.max_position,
         hardware={**hw, "memory_budget_gib": budget_gib, "timer": timer},
         model={**cfg.as_dict(), "dtype": str(ex.dtype).replace("torch.", ""),
                "weights": args.checkpoint or f"random (seed {args.seed})"},

@@ -13,7 +13,7 @@ from pathlib import Path
 import tyro
 
 from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS
-from runtime.observation import SPEC_VERSION, observation_table
+from runtime.observation import SPEC_ADAPTERS, SPEC_VERSION, observation_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "spec.md"
 
@@ -32,7 +32,10 @@ def render() -> str:
         "# The spec: knobs, observation, reward\n\n"
         "Rendered from the code by `python scripts/render_docs.py`; do not edit by hand.\n\n"
         f"Spec version: `{SPEC_VERSION}` (written into every exported policy; the runtime "
-        "refuses a policy of another spec).\n\n"
+        "refuses a policy of another spec, except the older ones it still serves: "
+        + ", ".join(f"`{v}`" for v in SPEC_ADAPTERS)
+        + ", whose vector differs only in the range of the prompt-length fields "
+        "and is rebuilt for it).\n\n"
         "## Knobs (the action)\n\n"
         "The action is `Box(-1, 1, (3,), float32)`; `runtime.knobs.action_to_knobs` maps it: "
         "log scales for the window and the chunk, linear for the ratio, the chunk rounded to "

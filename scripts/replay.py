@@ -3,6 +3,8 @@
     python scripts/replay.py --trace synthetic
     python scripts/replay.py --trace azure-conv --rate-scale 2 --window-ms 10 --chunk 2048 \\
         --kv-ratio 0.9 --json
+    python scripts/replay.py --trace mooncake --model llama3.1-8b --accelerator h100 \\
+        --memory-gib 40 --slo long-context
     python scripts/replay.py --trace mixed --batch-share 0.5 --admission shed --cotenant
 
 ``--trace`` takes ``synthetic`` (the embedded default), ``azure-conv``, ``azure-code`` (read
@@ -28,12 +30,13 @@ from env.traces.resolve import TRACE_ALIASES, resolve_trace
 from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
-from runtime.engine.slo import parse_slo_classes
+from runtime.engine.roofline import ProfileChoice
+from runtime.engine.slo import slo_classes_from_arg
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 
 
 @dataclass
-class Args:
+class Args(ProfileChoice):
     trace: str = "synthetic"
     """synthetic | azure-conv | azure-code | mixed | mixed:SPEC | PATH"""
     split: Literal["train", "eval", "all"] = "all"
@@ -46,11 +49,9 @@ class Args:
     """prefill chunk, tokens"""
     kv_ratio: float = DEFAULT_KNOBS.kv_cache_ratio
     """KV cache ratio"""
-    profile: str | None = None
-    """executor profile (default: the roofline H200 Llama-2-7B profile)"""
     slo: str | None = None
-    """SLO classes as name:ttft_s:tpot_s[:deadline_s],... (default: the engine's
-    DEFAULT_SLO_CLASSES)"""
+    """SLO classes: a preset (default, long-context) or name:ttft_s:tpot_s[:deadline_s],...,
+    ttft_s optionally BASE+SECONDS/tok (default: the engine's DEFAULT_SLO_CLASSES)"""
     batch_share: float = EngineConfig.batch_share
     """share of each step's chunk, of the sequence slots and of the KV blocks that batch-class
     requests may take"""
@@ -86,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                               admission=args.admission.value, admission_slack=args.admission_slack,
                               cotenant=cotenant_demand(seed=args.seed) if args.cotenant else None)
         if args.slo:
-            config.slo_classes = parse_slo_classes(args.slo)
+            config.slo_classes = slo_classes_from_arg(args.slo)
             config.default_slo_class = next(iter(config.slo_classes))
-        profile = Profile.load(args.profile)
+        profile = Profile.load(args.spec())
         trace.check_classes(config.slo_classes)
     except (ValueError, FileNotFoundError) as e:
         print(f"replay: {e}", file=sys.stderr)

@@ -52,7 +52,7 @@ def test_policy_version_defaults_to_the_file_hash(tmp_path):
     (lambda: b"\x08\x07 this is not a protobuf", "model corrupt", r"onnxruntime cannot load"),
     (lambda: export_policy_bytes()[:500], "model corrupt", r"onnxruntime cannot load"),
     (lambda: export_policy_bytes(spec_version="batchpilot-spec/0+000000000000"), "spec mismatch",
-     r"exported for spec 'batchpilot-spec/0\+000000000000', the runtime's is 'batchpilot-spec/1"),
+     r"exported for spec 'batchpilot-spec/0\+000000000000', the runtime's is 'batchpilot-spec/2"),
     (lambda: export_policy_bytes(spec_version=None), "spec mismatch",
      r"has no 'batchpilot.spec_version' metadata"),
     (lambda: export_policy_bytes(make_mlp(obs_dim=OBS_DIM + 1), obs_dim=OBS_DIM + 1),

@@ -24,10 +24,11 @@ def stderr_of_refused(script: str, *flags: str) -> str:
 
 
 @pytest.mark.parametrize("script, flags, message", [
-    ("make_roofline_profile", ("--out", "x.json", "--budget-gib", "lots"),
-     "Error parsing --budget-gib: could not convert string to float: 'lots'"),
+    ("make_roofline_profile", ("--out", "x.json", "--memory-gib", "lots"),
+     "Error parsing --memory-gib: could not convert string to float: 'lots'"),
     ("make_roofline_profile", ("--out", "x.json", "--model", "gpt-5"),
-     "--model must be one of llama2-7b, got 'gpt-5'"),
+     "--model must be one of llama2-7b, llama3.1-8b, mistral-7b, qwen2.5-7b, llama2-70b, "
+     "llama3.1-70b, got 'gpt-5'"),
     ("bench_decider", ("--calls", "1.5"),
      "Error parsing --calls: invalid literal for int() with base 10: '1.5'"),
     ("replay", ("--admission", "drop"),

@@ -76,7 +76,9 @@ def cache_key(trace_spec: str, part: str, scales: Sequence[float], profile: Prof
     used = config.slo_classes if classes_used is None else classes_used
     desc = {"trace": trace_label(trace_spec), "split": part, "scales": list(scales),
             "profile": profile.to_json(),
-            "slo": {k: asdict(config.slo_classes[k]) for k in used},
+            # (a zero prompt allowance is left out, so keys from before it existed still hold)
+            "slo": {k: {f: x for f, x in asdict(config.slo_classes[k]).items()
+                        if f != "ttft_per_prompt_token_s" or x} for k in used},
             "default_slo_class": config.default_slo_class, "grid": grid}
     defaults = EngineConfig()
     levers = {k: getattr(config, k) for k in _LEVERS if getattr(config, k) != getattr(defaults, k)}

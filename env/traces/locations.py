@@ -21,6 +21,8 @@ AZURE_TRACE_FILES: dict[str, str] = {
     "code": "azure-llm-2023/AzureLLMInferenceTrace_code.csv",
 }
 """the Azure LLM inference traces of 2023 (one hour each), by kind, relative to traces_dir()"""
+MOONCAKE_TRACE_FILE = "mooncake-fast25/synthetic_trace.jsonl"
+"""Mooncake's public synthetic long-context trace (FAST 2025), relative to traces_dir()"""
 
 
 def traces_dir() -> Path:
@@ -43,4 +45,15 @@ def azure_trace_path(kind: str) -> Path:
             f"{path} not found; run `python scripts/download_traces.py` to download the Azure "
             f"traces into {traces_dir()}, or set {TRACES_DIR_ENV} to a folder that holds "
             f"{AZURE_TRACE_FILES[kind]}")
+    return path
+
+
+def mooncake_trace_path() -> Path:
+    """The path of Mooncake's synthetic trace; FileNotFoundError if absent."""
+    path = traces_dir() / MOONCAKE_TRACE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found; run `python scripts/download_traces.py --kind mooncake` to "
+            f"download it into {traces_dir()}, or set {TRACES_DIR_ENV} to a folder that holds "
+            f"{MOONCAKE_TRACE_FILE}")
     return path

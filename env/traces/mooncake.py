@@ -3,13 +3,16 @@
 Each line is one object: ``timestamp`` (milliseconds from the start of the trace),
 ``input_length`` (prompt tokens), ``output_length`` (output tokens), and optionally
 ``slo_class`` (the request's SLO class name), ``hash_ids`` (prefix-cache block ids, ignored
-here) or other keys (ignored). Mooncake's
-timestamps are quantised (about 3 s steps in the published traces): see
-:func:`env.traces.transforms.jitter`.
+here) or other keys (ignored). Some of Mooncake's traces have quantised timestamps (the
+conversation trace's come in 3 s steps, up to 18 requests to an instant; the synthetic trace's do
+not): the reader detects it (:func:`env.traces.transforms.quantisation_step`), says so in the
+trace's ``source`` and sets ``timestamp_step_s``, and :func:`env.traces.resolve.resolve_trace`
+spreads such arrivals within their step by default.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -25,6 +28,7 @@ from env.traces.assemble import (
 )
 from env.traces.errors import TraceFormatError, shown
 from env.traces.trace import Trace
+from env.traces.transforms import quantisation_step
 from runtime.engine.engine import MAX_ARRIVAL_S
 from runtime.engine.slo import DEFAULT_SLO_CLASS
 
@@ -69,11 +73,20 @@ def read_mooncake(path: str | Path, *, slo_class: str = DEFAULT_SLO_CLASS) -> Tr
                                + ", ".join(MOONCAKE_KEYS))
     prompt = np.asarray(prompt_tokens, dtype=np.int64)
     output = np.asarray(output_tokens, dtype=np.int64)
-    return assemble_trace(
+    trace = assemble_trace(
         path, "Mooncake JSONL", np.asarray(timestamps_ms, dtype=np.float64) / 1000.0, prompt,
         output, np.asarray(classes, dtype=str),
         skip_rules=[(ZERO_PROMPT_TOKENS, prompt == 0), (ZERO_OUTPUT_TOKENS, output == 0)],
         end_line=len(prompt) + 1)
+    step_s = quantisation_step(trace.arrival_s)
+    if not step_s:
+        return trace
+    distinct = len(np.unique(trace.arrival_s))
+    return dataclasses.replace(
+        trace, timestamp_step_s=step_s,
+        source=f"{trace.source} (timestamps quantised to {step_s:g} s steps: {distinct} "
+               f"instants for {len(trace)} requests, at most "
+               f"{int(np.unique(trace.arrival_s, return_counts=True)[1].max())} at one)")
 
 
 def _parse_line(path: Path, line_number: int, line: str) -> dict:

@@ -4,26 +4,33 @@
 from __future__ import annotations
 
 from env.traces.load import load_trace
-from env.traces.locations import azure_trace_path
+from env.traces.locations import azure_trace_path, mooncake_trace_path
 from env.traces.mixed import mixed
 from env.traces.synthetic import default_trace
 from env.traces.trace import Trace
+from env.traces.transforms import spread_quantised
 
 TRACE_ALIASES = {
     "synthetic": "the embedded default (a synthetic stand-in for the Azure conversation trace)",
     "azure-conv": "the Azure LLM inference 2023 conversation trace (../shared/traces)",
     "azure-code": "the Azure LLM inference 2023 code trace (../shared/traces)",
+    "mooncake": "Mooncake's synthetic long-context trace, FAST 2025 (../shared/traces)",
     "mixed": "azure-conv as interactive traffic plus batch jobs in drops (env/traces/mixed.py); "
              "mixed:SPEC puts the drops on another trace",
 }
 MIXED_PREFIX = "mixed:"
 
 
-def resolve_trace(spec: str, *, seed: int = 0) -> Trace:
+def resolve_trace(spec: str, *, seed: int = 0, spread: bool = True) -> Trace:
     """The trace a command-line argument names.
 
     :param spec: an alias of :data:`TRACE_ALIASES` or a path to a trace file of any format
-    :param seed: the seed of the synthetic trace and of the mixed workload's batch drops
+    :param seed: the seed of the synthetic trace, of the mixed workload's batch drops and of
+        the spread
+    :param spread: spread arrivals whose timestamps the file quantised (Mooncake's 3 s steps)
+        uniformly within their step (:func:`env.traces.transforms.spread_quantised`); the
+        arena, the environment and every command read traces through here, so all replay the
+        same spread arrivals. A trace whose timestamps are not quantised is unchanged.
     """
     if spec == "mixed":
         return mixed(resolve_trace("azure-conv"), seed=seed)
@@ -32,8 +39,12 @@ def resolve_trace(spec: str, *, seed: int = 0) -> Trace:
     if spec == "synthetic":
         return default_trace(seed=seed)
     if spec in ("azure-conv", "azure-code"):
-        return load_trace(azure_trace_path(spec.split("-", 1)[1]))
-    return load_trace(spec)
+        trace = load_trace(azure_trace_path(spec.split("-", 1)[1]))
+    elif spec == "mooncake":
+        trace = load_trace(mooncake_trace_path())
+    else:
+        trace = load_trace(spec)
+    return spread_quantised(trace, seed) if spread else trace
 
 
 def trace_label(spec: str) -> str:

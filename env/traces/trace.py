@@ -30,6 +30,9 @@ class Trace:
     """rows skipped by rule when it was read, by reason (never dropped silently)"""
     num_reordered: int = 0
     """rows of the file that were out of arrival order and were re-sorted when it was read"""
+    timestamp_step_s: float = 0.0
+    """the step its timestamps come in when the file quantised them (Mooncake's conversation
+    trace: 3 s); 0 when they are not quantised (or were spread, see ``transforms.jitter``)"""
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -67,7 +70,8 @@ class Trace:
                      output_tokens=self.output_tokens[mask_or_index],
                      slo_class=self.slo_class[mask_or_index],
                      source=source or self.source, skipped=dict(self.skipped),
-                     num_reordered=self.num_reordered)
+                     num_reordered=self.num_reordered,
+                     timestamp_step_s=self.timestamp_step_s)
 
     def check_classes(self, known: Collection[str]) -> None:
         """Raise ValueError naming the first request whose SLO class is not in ``known`` (the

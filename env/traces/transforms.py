@@ -42,7 +42,8 @@ def rate_scale(trace: Trace, factor: float) -> Trace:
                          f"{last:g} s, to {last / factor:g} s, past the engine's limit of "
                          f"{MAX_ARRIVAL_S:g} s")
     return _with_arrivals(trace, trace.arrival_s / factor,
-                          source=f"{trace.source} [rate x{factor:g}]")
+                          source=f"{trace.source} [rate x{factor:g}]",
+                          timestamp_step_s=trace.timestamp_step_s / factor)
 
 
 def jitter(trace: Trace, step_s: float, rng: np.random.Generator) -> Trace:
@@ -58,8 +59,34 @@ def jitter(trace: Trace, step_s: float, rng: np.random.Generator) -> Trace:
         raise ValueError(f"jitter step_s must be a finite number of seconds > 0, got {step_s}")
     arrival_s = trace.arrival_s + rng.uniform(0.0, step_s, size=len(trace))
     order = np.argsort(arrival_s, kind="stable")
-    spread = trace.select(order, source=f"{trace.source} [jitter {step_s:g} s]")
-    return _with_arrivals(spread, arrival_s[order])
+    # (not trace.select: the old arrivals in the new order are not sorted)
+    return Trace(name=trace.name, arrival_s=arrival_s[order],
+                 prompt_tokens=trace.prompt_tokens[order],
+                 output_tokens=trace.output_tokens[order], slo_class=trace.slo_class[order],
+                 source=f"{trace.source} [jitter {step_s:g} s]", skipped=dict(trace.skipped))
+
+
+def quantisation_step(arrival_s: np.ndarray) -> float:
+    """The step of quantised timestamps, or 0 when they are not quantised.
+
+    Timestamps count as quantised when at least half of the requests share theirs with another
+    request; the step is then the median gap between distinct timestamps (3 s in Mooncake's
+    conversation trace, where up to 18 requests share one instant).
+    """
+    if len(arrival_s) < 4:
+        return 0.0
+    distinct = np.unique(arrival_s)
+    if len(distinct) < 2 or len(distinct) * 2 > len(arrival_s):
+        return 0.0
+    return float(np.median(np.diff(distinct)))
+
+
+def spread_quantised(trace: Trace, seed: int = 0) -> Trace:
+    """The trace with quantised arrivals spread within their step (:func:`jitter` with the
+    trace's ``timestamp_step_s``, seeded), or the trace itself when it is not quantised."""
+    if trace.timestamp_step_s <= 0:
+        return trace
+    return jitter(trace, trace.timestamp_step_s, np.random.default_rng(seed))
 
 
 def split(trace: Trace, part: Literal["train", "eval", "all"]) -> Trace:
@@ -84,8 +111,11 @@ def split(trace: Trace, part: Literal["train", "eval", "all"]) -> Trace:
     return chosen
 
 
-def _with_arrivals(trace: Trace, arrival_s: np.ndarray, source: str | None = None) -> Trace:
+def _with_arrivals(trace: Trace, arrival_s: np.ndarray, source: str | None = None,
+                   timestamp_step_s: float | None = None) -> Trace:
     return Trace(name=trace.name, arrival_s=arrival_s, prompt_tokens=trace.prompt_tokens,
                  output_tokens=trace.output_tokens, slo_class=trace.slo_class,
                  source=source or trace.source, skipped=dict(trace.skipped),
-                 num_reordered=trace.num_reordered)
+                 num_reordered=trace.num_reordered,
+                 timestamp_step_s=(trace.timestamp_step_s if timestamp_step_s is None
+                                   else timestamp_step_s))

@@ -16,7 +16,9 @@ Output
     [-1, 1] in the graph. It is the deterministic action (the policy mean, no sampling). The
     runtime maps it to knobs with :func:`runtime.knobs.action_to_knobs` and nothing else.
 Metadata (``ModelProto.metadata_props``)
-    ``batchpilot.spec_version``, required: must equal ``runtime.observation.SPEC_VERSION``.
+    ``batchpilot.spec_version``, required: must equal ``runtime.observation.SPEC_VERSION`` or
+    name an older spec the runtime still serves (``runtime.observation.SPEC_ADAPTERS``: spec 1,
+    whose observation differs only in the prompt-length range), whose vector it then builds.
     ``batchpilot.policy_version``, recommended: a non-empty string naming the weights (e.g.
     ``ppo-20250601-a1b2c3``); when absent the runtime uses ``sha256:<first 12 hex digits of the
     file>``. Any other key is free-form and shown by ``GET /v1/policy``; by convention
@@ -60,7 +62,14 @@ import onnxruntime as ort
 
 from runtime.decider.decision import BAD_SIGNATURE, MODEL_CORRUPT, MODEL_MISSING, SPEC_MISMATCH
 from runtime.knobs import NUM_KNOBS
-from runtime.observation import OBS_DIM, OBS_HIGH, OBS_LOW, SPEC_VERSION
+from runtime.observation import (
+    OBS_DIM,
+    OBS_HIGH,
+    OBS_LOW,
+    SPEC_ADAPTERS,
+    SPEC_VERSION,
+    adapt_vector,
+)
 
 INPUT_NAME = "obs"
 OUTPUT_NAME = "action"
@@ -164,10 +173,12 @@ class OnnxPolicy:
         if spec is None:
             raise PolicyLoadError(SPEC_MISMATCH, f"{self._name()} has no {SPEC_VERSION_KEY!r} "
                                   f"metadata (the runtime's spec is {SPEC_VERSION!r})", path)
-        if spec != SPEC_VERSION:
+        if spec != SPEC_VERSION and spec not in SPEC_ADAPTERS:
             raise PolicyLoadError(SPEC_MISMATCH, f"{self._name()} was exported for spec "
                                   f"{spec!r}, the runtime's is {SPEC_VERSION!r}", path)
         self.spec_version = spec
+        self._adapter = SPEC_ADAPTERS.get(spec)
+        """the factor from today's vector to the policy's spec (None: today's spec)"""
         self.policy_version = (self.metadata.get(POLICY_VERSION_KEY)
                                or f"sha256:{self.sha256[:12]}")
         self._check_signature(session)
@@ -237,6 +248,8 @@ class OnnxPolicy:
                     raise self._refuse(f"the action for a zero observation is not finite: "
                                        f"{y[0].tolist()}")
             x = spec_range_observations()
+            if self._adapter is not None:  # what a policy of an older spec is fed
+                x = adapt_vector(x, self._adapter)
             y = self._session.run(self._output_names, {INPUT_NAME: x})[0]
             bad = np.flatnonzero(~np.isfinite(y).all(axis=1))
             if bad.size:
@@ -253,6 +266,8 @@ class OnnxPolicy:
     def act(self, observation: np.ndarray) -> list[float]:
         """The action for one observation vector (shape ``(OBS_DIM,)``), as three floats.
         Exceptions from onnxruntime propagate (the decider guards them)."""
+        if self._adapter is not None:
+            observation = adapt_vector(observation, self._adapter)
         if self._lock.acquire(False):
             try:
                 self._x[0] = observation
@@ -267,6 +282,8 @@ class OnnxPolicy:
     def act_batch(self, observations: np.ndarray) -> np.ndarray:
         """Actions ``[n, 3]`` for observations ``[n, OBS_DIM]``, in one run of the model."""
         x = np.ascontiguousarray(observations, dtype=np.float32)
+        if self._adapter is not None:
+            x = adapt_vector(x, self._adapter)
         return self._session.run(self._output_names, {INPUT_NAME: x})[0]
 
     def describe(self) -> dict:

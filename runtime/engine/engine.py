@@ -77,8 +77,9 @@ a Unix-epoch timestamp (1.7e9 s) fits, 1e300 does not."""
 class EngineConfig:
     max_num_seqs: int = 256
     """the most requests running at once (vLLM's max_num_seqs)"""
-    max_model_len: int = 16384
-    """the most tokens (prompt + output) one request may have; longer ones are rejected"""
+    max_model_len: int | None = None
+    """the most tokens (prompt + output) one request may have; longer ones are rejected.
+    None: the executor's (the profile's model context)"""
     watermark: float = 0.01
     """share of KV blocks kept free at admission while other requests run"""
     slo_classes: dict[str, SloTarget] = field(default_factory=lambda: dict(DEFAULT_SLO_CLASSES))
@@ -105,7 +106,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_model_len < 2:
+        if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if not 0 <= self.watermark < 0.5:
             raise ValueError(f"watermark must lie in [0, 0.5), got {self.watermark}")
@@ -138,6 +139,9 @@ class Engine:
         self.executor = executor
         self.config = config if config is not None else EngineConfig()
         self.memory = executor.memory
+        self.max_model_len = (self.config.max_model_len if self.config.max_model_len is not None
+                              else executor.max_model_len)
+        """the limit on prompt + output tokens in force"""
         self.block_size = self.memory.block_size
         self.knobs = knobs
         self._max_batch_tokens = self._activation_limit(knobs)
@@ -213,7 +217,8 @@ class Engine:
                 raise ValueError(f"request {i}: unknown SLO class {cls!r} "
                                  f"(known: {sorted(classes)})")
             new.append(Request(base_id + i, t, int(prompt_tokens[i]), int(output_tokens[i]), cls,
-                               target.ttft_s, target.tpot_s, target.deadline_s))
+                               target.ttft_target_s(int(prompt_tokens[i])), target.tpot_s,
+                               target.deadline_s))
         self._num_added += n
         self.requests.extend(new)
         self._pending.extend(new)
@@ -256,7 +261,7 @@ class Engine:
         i = self._next_pending
         now = self.now
         iv = self._interval
-        max_len = self.config.max_model_len
+        max_len = self.max_model_len
         while i < len(pending) and pending[i].arrival_s <= now:
             r = pending[i]
             i += 1

@@ -114,6 +114,8 @@ class DecodeCost:
 @runtime_checkable
 class Executor(Protocol):
     memory: MemoryModel
+    max_model_len: int
+    """the model's context: the engine's limit on prompt + output tokens unless configured"""
 
     def execute(self, batch: Batch, kv_cache_ratio: float) -> IterationResult:
         """Run one iteration. Running out of memory returns ``oom=True`` with the time it cost."""

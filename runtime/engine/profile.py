@@ -2,7 +2,8 @@
 
 A profile is a JSON file. Measured profiles come from ``scripts/profile_executor.py`` (the torch
 executor on real hardware); a roofline profile is derived from datasheet figures by
-``scripts/make_roofline_profile.py`` and says so in its ``kind`` and ``derivation`` fields.
+:mod:`runtime.engine.roofline` (by name, e.g. ``h100-llama3.1-8b-40gib-roofline``, wherever a
+path is taken) and says so in its ``kind`` and ``derivation`` fields.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from runtime.locations import profiles_dir
 DEFAULT_PROFILE_NAME = "h200-llama2-7b-40gib-roofline.json"
 """the profile the engine uses when none is named, a file in :func:`profiles_dir`"""
 PROFILE_KINDS = ("roofline", "measured")
+DEFAULT_MAX_MODEL_LEN = 16384
+"""the context of a profile file that does not give one (every file before profiles had one)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,8 @@ class Profile:
     """additional time per GiB allocated or released"""
     block_copy_s: float
     """time to copy one KV block (compaction when the pool shrinks)"""
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    """the model's context: the most tokens (prompt + output) one request may have"""
     hardware: dict[str, Any] = field(default_factory=dict)
     model: dict[str, Any] = field(default_factory=dict)
     derivation: dict[str, Any] = field(default_factory=dict)
@@ -75,9 +80,37 @@ class Profile:
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+        if not (isinstance(self.max_model_len, int) and self.max_model_len >= 2):
+            raise ValueError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+
+    def key_figures(self, context_tokens: int = 4096) -> dict[str, Any]:
+        """The figures a person compares profiles by: KV bytes per token, KV blocks at the
+        ratio knob's low, 0.9 and high ends, the decode step at batch 1 and 64 with
+        ``context_tokens`` of context each, and the prefill cost per token."""
+        c, m = self.cost, self.memory
+
+        def step_ms(batch: int) -> float:
+            return 1e3 * (c.const_s + batch * (c.decode_seq_s
+                                               + context_tokens * c.decode_ctx_token_s))
+
+        return {
+            "name": self.name, "kind": self.kind, "max_model_len": self.max_model_len,
+            "kv_bytes_per_token": m.kv_bytes_per_token,
+            "kv_blocks": {r: m.num_kv_blocks(r) for r in (0.4, 0.9, 0.95)},
+            "decode_step_ms_b1": step_ms(1), "decode_step_ms_b64": step_ms(64),
+            "decode_context_tokens": context_tokens,
+            "prefill_us_per_token": 1e6 * c.prefill_token_s,
+            "source": ("derived: datasheet x efficiency"
+                       if self.kind == "roofline" else "measured: " + str(
+                           self.hardware.get("device", self.hardware.get("accelerator", "?")))),
+        }
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        if d["max_model_len"] == DEFAULT_MAX_MODEL_LEN:
+            # a file that gives the default context and one from before profiles had one are
+            # the same profile (and results cached under its JSON keep their keys)
+            del d["max_model_len"]
         return {"format": "batchpilot-profile/1", **d}
 
     def save(self, path: str | Path) -> None:
@@ -107,6 +140,7 @@ class Profile:
                 resize_fixed_s=float(need(data, "resize_fixed_s", "")),
                 resize_per_gib_s=float(need(data, "resize_per_gib_s", "")),
                 block_copy_s=float(need(data, "block_copy_s", "")),
+                max_model_len=int(data.get("max_model_len", DEFAULT_MAX_MODEL_LEN)),
                 hardware=dict(data.get("hardware", {})), model=dict(data.get("model", {})),
                 derivation=dict(data.get("derivation", {})), fit=dict(data.get("fit", {})),
             )
@@ -116,8 +150,27 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Profile:
-        """Load a profile file (the shipped roofline H200 profile when ``path`` is None)."""
+        """Load a profile file, or a profile by name: a file ``<name>.json`` in
+        :func:`runtime.locations.profiles_dir`, else a roofline profile derived from the
+        catalogue of :mod:`runtime.engine.roofline` (``h100-llama3.1-8b-40gib-roofline``).
+        None is the shipped default (the roofline H200 Llama-2-7B profile)."""
         path = Path(path) if path is not None else default_profile_path()
+        if not path.exists() and "/" not in str(path) and path.suffix != ".json":
+            named = profiles_dir() / f"{path}.json"
+            if named.exists():
+                path = named
+            else:
+                from runtime.engine import roofline  # imports this module
+
+                parsed = roofline.parse_profile_name(str(path))
+                if parsed is not None:
+                    return roofline.derive(*parsed)
+                raise FileNotFoundError(
+                    f"profile {str(path)!r} is neither a file nor a profile name; names are "
+                    f"{roofline.profile_name('MODEL', 'ACCELERATOR', 40)} with MODEL one of "
+                    f"{', '.join(roofline.MODELS)}, ACCELERATOR one of "
+                    f"{', '.join(roofline.ACCELERATORS)} (optionally xTP: h100x4), or a file in "
+                    f"{profiles_dir()}")
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:

@@ -39,6 +39,7 @@ class RecordingExecutor:
     def __init__(self, inner: Executor, keep_shapes: bool = False) -> None:
         self.inner = inner
         self.memory = inner.memory
+        self.max_model_len = inner.max_model_len
         self.records: list[IterationRecord] = []
         self.keep_shapes = keep_shapes
         self.shapes: list[BatchShape] = []

@@ -10,6 +10,7 @@ class SimulatedExecutor:
     def __init__(self, profile: Profile | None = None) -> None:
         self.profile = profile if profile is not None else Profile.load()
         self.memory = self.profile.memory
+        self.max_model_len = self.profile.max_model_len
         self._cost = self.profile.cost
         self._num_blocks: int | None = None
 

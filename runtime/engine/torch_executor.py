@@ -38,6 +38,7 @@ launches and reads the KV about twice; the profile measures what this executor d
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import operator
@@ -67,8 +68,22 @@ MAX_SLABS = 8
 and a resize reallocates at most one slab's worth"""
 
 
-DEFAULT_BUDGET_GIB = {"tiny": 0.25, "llama2-7b": 40.0}
-"""the memory budget of each named shape: the CPU test fixture, and DESIGN.md's H200 setting"""
+TINY_BUDGET_GIB = 0.25
+"""the memory budget of the CPU test shape ``tiny``"""
+SCALED_DOWN_BUDGET_GIB = 1.0
+"""the memory budget of the scaled-down ``-cpu`` shapes: a prefill's attention workspace grows
+with the query heads per KV head (8 for the 70B shapes), and ratio 0.95 leaves it 5%"""
+FULL_BUDGET_GIB = 40.0
+"""the memory budget of the full-size shapes: DESIGN.md's H200 setting"""
+
+
+def default_budget_gib(shape: str) -> float:
+    """The memory budget a named shape gets unless one is given."""
+    from runtime.engine.torch_model import CPU_SUFFIX
+
+    if shape == "tiny":
+        return TINY_BUDGET_GIB
+    return SCALED_DOWN_BUDGET_GIB if shape.endswith(CPU_SUFFIX) else FULL_BUDGET_GIB
 
 
 def default_device() -> torch.device:
@@ -129,6 +144,7 @@ class TorchExecutor:
         on_cuda = self.device.type == "cuda"
         self.dtype = dtype if dtype is not None else (torch.bfloat16 if on_cuda else torch.float32)
         self.cfg = model_config
+        self.max_model_len = model_config.max_position
         self.block_size = block_size
         self.keep_logits = keep_logits
         self.max_num_seqs = max_num_seqs
@@ -188,14 +204,22 @@ class TorchExecutor:
 
     @classmethod
     def for_shape(cls, shape: str, device: str | None = None, budget_gib: float | None = None,
-                  **kw) -> TorchExecutor:
-        """An executor for a named shape (``tiny`` or ``llama2-7b``) with its default budget
-        (0.25 GiB for tiny, 40 GiB for llama2-7b); other keywords go to the constructor."""
+                  max_model_len: int | None = None, **kw) -> TorchExecutor:
+        """An executor for a named shape (``tiny``, a catalogue model such as ``llama3.1-8b``, or
+        its scaled-down ``llama3.1-8b-cpu``) with its default budget (:func:`default_budget_gib`);
+        ``max_model_len`` shortens the shape's context (its fixed attention workspace gathers
+        one layer's keys and values for a whole context: 2.7 GB for Llama-3.1-8B at 128k, more
+        than the 5% that ratio 0.95 leaves of a 40 GiB budget). Other keywords go to the
+        constructor. One device: a model larger than one accelerator is not split (the roofline
+        prices tensor parallel)."""
         from runtime.engine.torch_model import SHAPES
         if shape not in SHAPES:
             raise ValueError(f"unknown shape {shape!r} (known: {sorted(SHAPES)})")
-        gib = budget_gib if budget_gib is not None else DEFAULT_BUDGET_GIB[shape]
-        return cls(SHAPES[shape], budget_bytes=int(gib * 1024 ** 3), device=device, **kw)
+        gib = budget_gib if budget_gib is not None else default_budget_gib(shape)
+        cfg = SHAPES[shape]
+        if max_model_len is not None:
+            cfg = dataclasses.replace(cfg, max_position=max_model_len)
+        return cls(cfg, budget_bytes=int(gib * 1024 ** 3), device=device, **kw)
 
     # ------------------------------------------------------------------ memory
     def _estimate_activations(self) -> tuple[int, int]:

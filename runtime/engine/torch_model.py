@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
+from runtime.engine.roofline import MODELS, ModelShape
+
 if TYPE_CHECKING:
     from runtime.engine.torch_kv import AttentionPlan, PagedKVCache, RaggedDecodeRun
 
@@ -123,11 +125,44 @@ class LlamaConfig:
 TINY = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_layers=2,
                    num_heads=4, num_kv_heads=2, max_position=4096, name="tiny")
 """The CPU test configuration: about 0.4 M parameters, GQA with two query heads per KV head."""
-LLAMA2_7B = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
-                        num_layers=32, num_heads=32, num_kv_heads=32, max_position=16384,
-                        name="llama2-7b")
+CPU_SUFFIX = "-cpu"
+"""a shape's name with this suffix is its scaled-down CPU version"""
+CPU_HEAD_DIM = 8
+"""head width of the scaled-down shapes"""
+CPU_CONTEXT = 4096
+"""context of the scaled-down shapes (a prefill gathers one layer's KV for all of it)"""
+
+
+def shape_config(shape: ModelShape, key: str) -> LlamaConfig:
+    """The full-size decoder of a catalogue shape (:data:`runtime.engine.roofline.MODELS`)."""
+    return LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden,
+                       intermediate_size=shape.intermediate, num_layers=shape.layers,
+                       num_heads=shape.heads, num_kv_heads=shape.kv_heads,
+                       rope_theta=shape.rope_theta, max_position=shape.max_model_len, name=key)
+
+
+def scaled_down_config(shape: ModelShape, key: str) -> LlamaConfig:
+    """A CPU-sized decoder with the same attention layout as a catalogue shape: the same query
+    and KV heads (so the same GQA grouping) and rotary base, with heads of
+    :data:`CPU_HEAD_DIM`, two layers, the same MLP-to-hidden ratio, a 512-token vocabulary and
+    a :data:`CPU_CONTEXT`-token context."""
+    hidden = shape.heads * CPU_HEAD_DIM
+    return LlamaConfig(vocab_size=512, hidden_size=hidden,
+                       intermediate_size=round(hidden * shape.intermediate / shape.hidden),
+                       num_layers=2, num_heads=shape.heads, num_kv_heads=shape.kv_heads,
+                       rope_theta=shape.rope_theta,
+                       max_position=min(CPU_CONTEXT, shape.max_model_len), name=key + CPU_SUFFIX)
+
+
+SHAPES: dict[str, LlamaConfig] = {
+    "tiny": TINY,
+    **{key: shape_config(m, key) for key, m in MODELS.items()},
+    **{key + CPU_SUFFIX: scaled_down_config(m, key) for key, m in MODELS.items()},
+}
+"""the torch executor's shapes by name: ``tiny``, every catalogue model at full size (random
+weights by default, or its safetensors checkpoint) and its scaled-down ``-cpu`` version"""
+LLAMA2_7B = SHAPES["llama2-7b"]
 """Llama-2-7B: 6.74 B parameters, 512 KiB of KV per token in bf16."""
-SHAPES: dict[str, LlamaConfig] = {"tiny": TINY, "llama2-7b": LLAMA2_7B}
 
 
 def token_ids(req_ids: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
