@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             config.slo_classes = slo_classes_from_arg(args.slo)
             config.default_slo_class = next(iter(config.slo_classes))
         profile = Profile.load(args.spec())
+        trace.check_classes(config.slo_classes)
     except (ValueError, FileNotFoundError) as e:
         print(f"replay: {e}", file=sys.stderr)
         return 2
@@ -98,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
            "knobs": knobs.as_dict(), "profile": profile.name, **result.as_dict()}
     if trace.skipped:
         out["skipped_rows"] = trace.skipped
+    if trace.num_reordered:
+        out["reordered_rows"] = trace.num_reordered
     if args.json:
         print(json.dumps(out))
         return 0
@@ -127,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {k:<{width}}  {v}")
     if trace.skipped:
         print(f"  skipped rows: {trace.skipped}")
+    if trace.num_reordered:
+        print(f"  reordered rows: {trace.num_reordered} were out of arrival order (re-sorted)")
     return 0
 
 
