@@ -12,7 +12,6 @@ import pytest
 
 from runtime.engine.engine import MAX_ARRIVAL_S
 from runtime.engine.request import Status
-from scripts.replay import main as replay_main
 from tests.engine_factory import hand_profile, make_engine, random_workload
 
 PLAIN = "arrival_s,prompt_tokens,output_tokens"
@@ -20,6 +19,8 @@ PLAIN = "arrival_s,prompt_tokens,output_tokens"
 
 def run_replay(capsys, tmp_path: Path, name: str, text: str, *args: str) -> tuple[int, str]:
     """scripts/replay.py on a file holding ``text``: (exit code, stdout or stderr), timed."""
+    from scripts.replay import main as replay_main  # needs env/ (the train extra)
+
     path = tmp_path / name
     path.write_text(text, newline="")
     t0 = time.perf_counter()
@@ -59,6 +60,7 @@ def run_replay(capsys, tmp_path: Path, name: str, text: str, *args: str) -> tupl
      "string conversion: value has 5000 digits; use sys.set_int_max_str_digits() to increase "
      "the limit"),
 ])
+@pytest.mark.training_stack
 def test_a_bad_trace_is_refused_within_a_second_naming_where(capsys, tmp_path, name, text,
                                                              args, message):
     code, err = run_replay(capsys, tmp_path, name, text, *args)
@@ -66,6 +68,7 @@ def test_a_bad_trace_is_refused_within_a_second_naming_where(capsys, tmp_path, n
     assert err == message.format(path=tmp_path / name)
 
 
+@pytest.mark.training_stack
 def test_a_unix_epoch_gap_runs_in_time_proportional_to_its_requests(capsys, tmp_path):
     # 0, then 1.7e9 s: an idle engine used to walk the gap 60 s at a time (28 s of wall time)
     code, out = run_replay(capsys, tmp_path, "epoch.csv",
@@ -75,11 +78,13 @@ def test_a_unix_epoch_gap_runs_in_time_proportional_to_its_requests(capsys, tmp_
     assert (result["requests"], result["finished"], result["rejected"]) == (2, 2, 0)
 
 
+@pytest.mark.training_stack
 def test_cr_only_line_endings_read_as_lines(capsys, tmp_path):
     code, out = run_replay(capsys, tmp_path, "mac.csv", f"{PLAIN}\r0,100,10\r1,100,10\r")
     assert code == 0 and json.loads(out)["finished"] == 2
 
 
+@pytest.mark.training_stack
 def test_rows_out_of_order_are_reported_in_the_json(capsys, tmp_path):
     code, out = run_replay(capsys, tmp_path, "order.csv",
                            f"{PLAIN}\n5,100,10\n1,100,10\n0,1,1\n")
