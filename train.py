@@ -192,16 +192,6 @@ def parse_traces(text: str, default_range: tuple[float, float]) -> list[tuple[st
 
 
 def wandb_mode(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    netrc = Path.home() / ".netrc"
-    configured = os.environ.get("WANDB_API_KEY") or (
-        netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"))
-    return "online" if configured else "offline"
-
-
     """``--wandb-mode auto``: online if an API key is configured, else offline."""
     if requested != "auto":
         return requested
