@@ -9,6 +9,7 @@ PY := $(VENV)/bin/python
 RPY := $(RUNTIME_VENV)/bin/python
 STAMP := $(VENV)/.installed
 RSTAMP := $(RUNTIME_VENV)/.installed
+RAY_STAMP := $(VENV)/.installed-ray
 
 .PHONY: train test test-runtime typecheck replay evaluate serve bench lint clean
 
@@ -25,10 +26,16 @@ $(RSTAMP): pyproject.toml
 	$(RPY) -m pip install --quiet -e ".[cpu,dev]"
 	touch $(RSTAMP)
 
+# the tests also run the Ray smoke tests on a local Ray: the optional `ray` extra, which `make
+# train` does not need
+$(RAY_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[cpu,train,ray,dev]"
+	touch $(RAY_STAMP)
+
 train: $(STAMP)
 	$(PY) train.py --preset default
 
-test: $(STAMP) typecheck test-runtime
+test: $(RAY_STAMP) typecheck test-runtime
 	$(PY) -m pytest -q
 
 test-runtime: $(RSTAMP)

@@ -21,6 +21,7 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -51,8 +52,12 @@ class Config:
     """environment steps (decision intervals) to train for"""
     n_envs: int = 4
     """parallel environment copies"""
-    vec_env: Literal["subproc", "dummy"] = "subproc"
-    """subproc (one process per copy) or dummy (all in this process)"""
+    vec_env: Literal["subproc", "dummy", "ray"] = "subproc"
+    """subproc (one process per copy), dummy (all in this process) or ray (Ray actors, on the
+    cluster at RAY_ADDRESS or a local Ray; the optional ray extra, docs/ray.md)"""
+    ray_workers: int = 0
+    """with --vec-env ray: the actors that hold the environment copies, in contiguous blocks
+    (0: one per copy)"""
     n_steps: int = 512
     """steps per environment per rollout"""
     batch_size: int = 256
@@ -120,7 +125,9 @@ class Config:
     wandb_project: str = "batchpilot"
     """Weights & Biases project"""
     workers: int = 2
-    """processes for the final evaluation"""
+    """processes for the final evaluation (or CPUs of its local Ray with --ray True)"""
+    ray: bool = False
+    """run the final evaluation's jobs on Ray (they also do when RAY_ADDRESS is set)"""
 
 
 PRESETS: dict[str, dict] = {
@@ -151,6 +158,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
     if cfg.n_steps * cfg.n_envs < cfg.batch_size:
         refuse(f"--n-steps * --n-envs ({cfg.n_steps * cfg.n_envs}) must be at least "
                f"--batch-size ({cfg.batch_size})")
+    if not 0 <= cfg.ray_workers <= cfg.n_envs:
+        refuse(f"--ray-workers must be in 0..{cfg.n_envs} (--n-envs), got {cfg.ray_workers}")
     return cfg
 
 
@@ -183,16 +192,6 @@ def parse_traces(text: str, default_range: tuple[float, float]) -> list[tuple[st
 
 
 def wandb_mode(requested: str) -> str:
-    if requested != "auto":
-        return requested
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    netrc = Path.home() / ".netrc"
-    configured = os.environ.get("WANDB_API_KEY") or (
-        netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"))
-    return "online" if configured else "offline"
-
-
     """``--wandb-mode auto``: online if an API key is configured, else offline."""
     if requested != "auto":
         return requested
@@ -242,8 +241,15 @@ def make_vec_env(cfg: Config, trace_ranges: list[tuple[str, tuple]]):
     """The normalised vector of training environments."""
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
-    vec_cls = SubprocVecEnv if (cfg.vec_env == "subproc" and cfg.n_envs > 1) else DummyVecEnv
-    venv = vec_cls(make_env_thunks(cfg, trace_ranges, cfg.n_envs))
+    thunks = make_env_thunks(cfg, trace_ranges, cfg.n_envs)
+    if cfg.vec_env == "ray":
+        from agents.ray_vec_env import RayVecEnv
+
+        venv = RayVecEnv(thunks, n_workers=cfg.ray_workers or None)
+    elif cfg.vec_env == "subproc" and cfg.n_envs > 1:
+        venv = SubprocVecEnv(thunks)
+    else:
+        venv = DummyVecEnv(thunks)
     venv.seed(cfg.seed)
     return VecNormalize(venv, norm_obs=True, norm_reward=True, clip_obs=10.0, gamma=cfg.gamma)
 
@@ -339,8 +345,8 @@ def final_evaluation(cfg: Config, traces: list[str], onnx_path: Path, run_dir: P
     controllers = [c for c in cfg.final_controllers.split(",") if c] + [f"policy:{onnx_path}"]
     result = evaluate(traces, controllers, cfg.final_rate_scales, part="eval",
                       interval_s=cfg.interval_s, profile_path=cfg.profile,
-                      capacity=cfg.final_capacity,
-                      workers=cfg.workers, match_static=cfg.final_match_static or None)
+                      capacity=cfg.final_capacity, workers=cfg.workers, ray=cfg.ray or None,
+                      match_static=cfg.final_match_static or None)
     plots = plot(result["rows"], run_dir / "plots")
     for r in result["rows"]:
         r.pop("timeline", None)
@@ -396,7 +402,11 @@ def export_spec_version(path: Path) -> str:
     return props.get("batchpilot.spec_version", "")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *,
+         on_eval: Callable[[dict[str, float]], None] | None = None) -> int:
+    """Train, export, evaluate (see the module docstring); ``on_eval`` gets every periodic
+    evaluation of the policy (``{"step", "mean", "<trace>/x<scale>", ...}``), as a sweep's
+    trial reports them to Ray Tune (scripts/sweep.py)."""
     cfg = parse_config(argv)
     t_start = time.time()
     # W&B's own banner would misread this project's `agents` package as OpenAI's Agents SDK, and
@@ -445,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     periodic = PeriodicEval(
         partial(evaluate_controller, windows=windows, interval_s=cfg.interval_s,
                 profile=profile),
-        venv, run_dir, baselines, cfg.eval_every)
+        venv, run_dir, baselines, cfg.eval_every, on_evaluate=on_eval)
 
     # ---------------------------------------------------------------- train
     t0 = time.time()

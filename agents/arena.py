@@ -15,13 +15,12 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm import tqdm
 
+from agents.parallel import JobRunner
 from agents.registry import EvalSpec, make_controller
 from env.replay import replay
 from env.traces import rate_scale, split
@@ -202,18 +201,16 @@ def _capacity_job(args: tuple) -> dict:
             "capacity_90": cap90, "evaluations": len(known)}
 
 
-def _progress(results: Iterable, total: int, what: str, show: bool) -> Iterable:
-    """Pass ``results`` through a progress bar on stderr (they arrive one by one from a pool)."""
-    return tqdm(results, total=total, desc=what, unit="run", disable=not show, leave=False)
-
-
 def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence[float], *,
              part: str = "eval", interval_s: float = DEFAULT_INTERVAL_S,
              profile_path: str | None = None, config: EngineConfig | None = None,
-             capacity: bool = True, workers: int = 2, progress: bool = True,
-             match_static: float | None = None,
+             capacity: bool = True, workers: int = 2, ray: bool | None = None,
+             progress: bool = True, match_static: float | None = None,
              tuning_scales: tuple[float, ...] | None = None) -> dict:
     """Run the arena; returns ``{"rows": [...], "capacity": [...], "static_match": [...]}``.
+
+    Rows and capacity bisections run in parallel through :class:`agents.parallel.JobRunner`:
+    ``workers`` local processes, or Ray with ``ray=True`` (``None``: when ``RAY_ADDRESS`` is set).
 
     :param match_static: also find, per trace, the rate scale at which the static default
         attains this share (bisection to 2%), and run every controller there; those rows carry
@@ -229,8 +226,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
     jobs = [(specs[t], c, s, True) for t in traces for c in controllers for s in scales]
     t0 = time.perf_counter()
     rows: list[dict] = []
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        rows.extend(_progress(pool.map(_row_job, jobs), len(jobs), "runs", progress))
+    with JobRunner(workers, ray=ray, progress=progress) as pool:
+        rows.extend(pool.map(_row_job, jobs, desc="runs"))
         matched: list[dict] = []
         if match_static is not None:
             for t in traces:
@@ -243,7 +240,7 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
                                 "rate_scale": scale, "static_attainment": known.get(scale)})
             mjobs = [(specs[t], c, m["rate_scale"], False) for t, m in zip(traces, matched)
                      for c in controllers]
-            for row in pool.map(_row_job, mjobs):
+            for row in pool.map(_row_job, mjobs, desc="runs at the static match"):
                 row["matched_static"] = True
                 rows.append(row)
         cap: list[dict] = []
@@ -256,8 +253,7 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
                     cjobs.append((specs[t], c, known))
             # the capacity jobs take longest for the best controllers: start them first
             cjobs.sort(key=lambda j: -sum(j[2].values()))
-            cap.extend(_progress(pool.map(_capacity_job, cjobs), len(cjobs), "capacities",
-                                 progress))
+            cap.extend(pool.map(_capacity_job, cjobs, desc="capacities"))
     return {"rows": rows, "capacity": cap, "static_match": matched, "split": part,
             "interval_s": interval_s,
             "profile": Profile.load(profile_path).name, "wall_s": time.perf_counter() - t0}

@@ -14,23 +14,20 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import tyro
 
 from agents.arena import evaluate
 from agents.registry import BASELINES, EvalSpec, make_controller
 from agents.report import markdown_table, plot, write_json
-from env.traces.cotenant import cotenant_demand
-from runtime.engine.admission import AdmissionPolicy
-from runtime.engine.engine import EngineConfig
+from env.engine_choice import EngineChoice
 from runtime.engine.roofline import ProfileChoice
-from runtime.engine.slo import slo_classes_from_arg
 from runtime.session import DEFAULT_INTERVAL_S
 
 
 @dataclass
-class Config(ProfileChoice):
+class Config(ProfileChoice, EngineChoice):
     trace: str = "synthetic"
     """traces, comma-separated: synthetic | azure-conv | azure-code | mixed | mixed:SPEC | PATH"""
     split: Literal["train", "eval", "all"] = "eval"
@@ -42,9 +39,6 @@ class Config(ProfileChoice):
     """rate scales, comma-separated positive numbers (2 = twice the trace's request rate)"""
     interval_s: float = DEFAULT_INTERVAL_S
     """the decision interval, engine seconds"""
-    slo: str | None = None
-    """SLO classes: a preset (default, long-context) or name:ttft_s:tpot_s[:deadline_s],...,
-    ttft_s optionally BASE+SECONDS/tok (default: the engine's)"""
     tuning_scales: str | None = None
     """rate scales best-static is tuned at, comma-separated (default 0.5,0.75,1,1.5,2: around
     the trace's own rate; a trace far past one accelerator's capacity needs lower ones)"""
@@ -53,19 +47,11 @@ class Config(ProfileChoice):
     match_static: float | None = None
     """also run every controller at the load where the static default attains this share
     (e.g. 0.68)"""
-    batch_share: float = EngineConfig.batch_share
-    """share of each step's chunk, of the sequence slots and of the KV blocks that batch-class
-    requests may take"""
-    admission: Annotated[AdmissionPolicy, tyro.conf.EnumChoicesFromValues] = AdmissionPolicy(
-        EngineConfig.admission)
-    """what happens to interactive requests late for their first token"""
-    admission_slack: float = EngineConfig.admission_slack
-    """a request is late after waiting this many TTFT targets without a first token"""
-    cotenant: bool = False
-    """lend the memory the engine leaves to the default co-tenant demand and report the share
-    served"""
     workers: int = 2
-    """worker processes"""
+    """worker processes (or the CPUs of a local Ray with --ray)"""
+    ray: bool = False
+    """run the jobs on Ray: the cluster at RAY_ADDRESS or a local Ray of --workers CPUs
+    (docs/ray.md); RAY_ADDRESS alone also does"""
     out: Path = Path("runs/evaluate")
     """folder for the plots and results.json"""
     json: bool = False
@@ -98,12 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
         profile = cfg.spec()
-        config = EngineConfig(batch_share=cfg.batch_share, admission=cfg.admission.value,
-                              admission_slack=cfg.admission_slack,
-                              cotenant=cotenant_demand() if cfg.cotenant else None)
-        if cfg.slo:
-            config.slo_classes = slo_classes_from_arg(cfg.slo)
-            config.default_slo_class = next(iter(config.slo_classes))
+        config = cfg.engine_config()
         tuning = (tuple(float(x) for x in cfg.tuning_scales.split(",") if x.strip())
                   if cfg.tuning_scales else None)
         spec = EvalSpec(traces[0], cfg.split, profile, cfg.interval_s, config,
@@ -116,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = evaluate(traces, controllers, scales, part=cfg.split, interval_s=cfg.interval_s,
                       profile_path=profile, config=config, capacity=cfg.capacity,
-                      workers=cfg.workers, progress=not cfg.json, match_static=cfg.match_static,
-                      tuning_scales=tuning)
+                      workers=cfg.workers, ray=cfg.ray or None, progress=not cfg.json,
+                      match_static=cfg.match_static, tuning_scales=tuning)
     plots = plot(result["rows"], cfg.out)
     path = write_json(result, cfg.out / "results.json")
     if cfg.json:

@@ -43,11 +43,14 @@ class PeriodicEval(BaseCallback):
     :param run_dir: the best model and its normaliser are saved here
     :param baselines: the baselines' evaluations, logged beside the policy's
     :param eval_every: environment steps between evaluations
+    :param on_evaluate: called with every evaluation (``{"step": ..., **result}``)
     """
 
     def __init__(self, evaluate: Callable[[Any], dict[str, float]], venv: VecNormalize,
-                 run_dir: Path, baselines: dict[str, dict[str, float]], eval_every: int) -> None:
+                 run_dir: Path, baselines: dict[str, dict[str, float]], eval_every: int,
+                 on_evaluate: Callable[[dict[str, float]], None] | None = None) -> None:
         super().__init__()
+        self.on_evaluate = on_evaluate
         self.evaluate_controller = evaluate
         self.venv = venv
         self.run_dir = run_dir
@@ -76,6 +79,8 @@ class PeriodicEval(BaseCallback):
         """Evaluate the current policy; save it as the best model if it beats the best so far."""
         res = self.evaluate_controller(SB3PolicyController(self.model, self.venv))
         self.history.append({"step": self.num_timesteps, **res})
+        if self.on_evaluate is not None:
+            self.on_evaluate(self.history[-1])
         wandb.log({f"eval/policy/{k}": v for k, v in res.items()}
                   | {f"eval/{n}/mean": r["mean"] for n, r in self.baselines.items()},
                   step=self.num_timesteps)

@@ -13,15 +13,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tyro
-from tqdm import tqdm
 
 from agents.arena import run_episode
+from agents.parallel import run_jobs
 from env.traces import rate_scale, split, time_window
 from env.traces.resolve import resolve_trace
 from runtime.decider.controller import StaticController
@@ -82,7 +81,9 @@ class Config:
     seed: int = 0
     """seed of the random search"""
     workers: int = 2
-    """worker processes"""
+    """worker processes (or the CPUs of a local Ray with --ray)"""
+    ray: bool = False
+    """score the candidates on Ray (docs/ray.md); RAY_ADDRESS alone also does"""
     out: Path = Path("runs/tune_pid.json")
     """where every candidate's score is written"""
 
@@ -107,10 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     cands = [None, current] + [sample_gains(rng) for _ in range(args.candidates)]
     jobs = [(c, traces, args.window_s, args.interval_s) for c in cands]
     labels = [f"{t} x{s:g}" for t, s, _ in windows(traces, args.window_s)]
-    results = []
-    with ProcessPoolExecutor(args.workers) as pool:
-        for gains, atts in tqdm(pool.map(score, jobs), total=len(jobs), desc="candidates"):
-            results.append({"gains": gains, "attainment": atts, "mean": float(np.mean(atts))})
+    results = [{"gains": gains, "attainment": atts, "mean": float(np.mean(atts))}
+               for gains, atts in run_jobs(score, jobs, workers=args.workers,
+                                           ray=args.ray or None, desc="candidates")]
     static, cur = results[0], results[1]
     best = max(results[1:], key=lambda r: r["mean"])
     args.out.parent.mkdir(parents=True, exist_ok=True)

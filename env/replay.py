@@ -30,7 +30,10 @@ def replay(trace: Trace, knobs: Knobs = DEFAULT_KNOBS, *, decider: Decider | Non
            history: int = 0) -> RunResult:
     """Run every request of ``trace`` to its end (see :func:`runtime.session.replay`), on
     ``executor`` or a simulated one from ``profile``. The wall time counts the engine only
-    (building the requests included), not reading the trace."""
+    (building the requests included), not reading the trace. A request of an SLO class the
+    engine does not know is refused before anything runs."""
+    config = config if config is not None else EngineConfig()
+    trace.check_classes(config.slo_classes)
     return run_requests(executor if executor is not None else SimulatedExecutor(profile),
                         trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                         trace.slo_class, decider=decider, knobs=knobs, interval_s=interval_s,

@@ -16,29 +16,44 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import TypeAdapter
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from runtime.api.body_limit import BodySizeLimit
 from runtime.api.deps import Services
 from runtime.api.metrics import ServerMetrics
+from runtime.api.parsing import MAX_ERRORS_SHOWN
+from runtime.api.protocol import header_timeout_protocol
 from runtime.api.routes import decide, health, policy
 from runtime.api.schemas import BatchRequest
 from runtime.api.settings import Settings
 from runtime.decider.breaker import CircuitBreaker
+from runtime.decider.decision import MODEL_MISSING
 from runtime.decider.guard import GuardedDecider
 
 log = logging.getLogger("runtime.server")
 
-MAX_ERRORS_SHOWN = 20
-"""A 422 lists at most this many validation errors (a bad 4096-row batch could have 80,000)."""
-
 
 def decider_from_settings(settings: Settings) -> GuardedDecider:
-    breaker = CircuitBreaker(target=settings.breaker_target,
-                             trip_after=settings.breaker_trip_after,
-                             cooldown_s=settings.breaker_cooldown_s,
-                             close_after=settings.breaker_close_after)
-    return GuardedDecider(settings.policy_path, max_step=settings.max_step, breaker=breaker)
+    """The decider the settings describe. Its circuit breaker is off: over REST the observations
+    are the clients', and no client's reading may switch the policy off for the others (see
+    :mod:`runtime.decider.breaker`)."""
+    breaker = CircuitBreaker(trip_after=0)
+    try:
+        path = settings.start_policy_path()
+    except ValueError as e:
+        decider = GuardedDecider(None, max_step=settings.max_step, breaker=breaker)
+        decider.refuse_start_policy(MODEL_MISSING, str(e))
+        log.warning("no policy, deciding with the PID: %s", e)
+        return decider
+    return GuardedDecider(path, max_step=settings.max_step, breaker=breaker)
+
+
+async def _client_disconnect(request: Request, exc: ClientDisconnect) -> Response:
+    """A client that hung up before its body arrived: nobody reads the answer, and it is no
+    server error (uvicorn logged a traceback for each, which under a client that does it on
+    purpose filled the log)."""
+    return Response(status_code=400)
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -47,7 +62,7 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     errors = exc.errors()
     detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
               for e in errors[:MAX_ERRORS_SHOWN]]
-    return JSONResponse({"detail": detail, "num_errors": len(errors)}, status_code=422)
+    return JSONResponse({"detail": detail, "num_errors": len(detail)}, status_code=422)
 
 
 def _openapi(app: FastAPI) -> dict:
@@ -84,7 +99,10 @@ def create_app(settings: Settings | None = None,
     app.include_router(health.router)
     # starlette types a handler as taking any Exception; this one is registered for one kind
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
-    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes)
+    app.add_exception_handler(ClientDisconnect, _client_disconnect)  # type: ignore[arg-type]
+    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes,
+                       path_limits={"/v1/decide": settings.max_decide_body_bytes},
+                       body_timeout_s=settings.body_timeout_s)
 
     @app.get("/metrics", tags=["health"], response_class=Response,
              responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
@@ -102,14 +120,35 @@ def create_app(settings: Settings | None = None,
     return app
 
 
-def main() -> None:
+def uvicorn_config(settings: Settings, app: FastAPI | None = None):
+    """The uvicorn configuration that serves ``app`` (built from ``settings`` when None) with
+    the settings' address, timeouts and concurrency limit."""
     import uvicorn
 
+    return uvicorn.Config(app if app is not None else create_app(settings), host=settings.host,
+                          port=settings.port, log_level=settings.log_level,
+                          access_log=settings.access_log,
+                          http=header_timeout_protocol(settings.header_timeout_s),
+                          timeout_keep_alive=settings.keep_alive_timeout_s,
+                          limit_concurrency=settings.max_concurrency)
+
+
+SWITCH_INTERVAL_S = 0.001
+"""The interpreter's thread switch interval in the server (Python's default is 5 ms): a thread
+parsing a large body hands the GIL back to the event loop within 1 ms, so single decisions wait
+at most that long behind it."""
+
+
+def main() -> None:
+    import sys
+
+    import uvicorn
+
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=settings.log_level, access_log=settings.access_log)
+    uvicorn.Server(uvicorn_config(settings)).run()
 
 
 if __name__ == "__main__":

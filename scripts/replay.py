@@ -19,24 +19,21 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Literal
 
 import tyro
 
+from env.engine_choice import EngineChoice
 from env.replay import replay
 from env.traces import rate_scale, split
-from env.traces.cotenant import cotenant_demand
 from env.traces.resolve import TRACE_ALIASES, resolve_trace
-from runtime.engine.admission import AdmissionPolicy
-from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.engine.roofline import ProfileChoice
-from runtime.engine.slo import slo_classes_from_arg
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 
 
 @dataclass
-class Args(ProfileChoice):
+class Args(ProfileChoice, EngineChoice):
     trace: str = "synthetic"
     """synthetic | azure-conv | azure-code | mixed | mixed:SPEC | PATH"""
     split: Literal["train", "eval", "all"] = "all"
@@ -49,20 +46,6 @@ class Args(ProfileChoice):
     """prefill chunk, tokens"""
     kv_ratio: float = DEFAULT_KNOBS.kv_cache_ratio
     """KV cache ratio"""
-    slo: str | None = None
-    """SLO classes: a preset (default, long-context) or name:ttft_s:tpot_s[:deadline_s],...,
-    ttft_s optionally BASE+SECONDS/tok (default: the engine's DEFAULT_SLO_CLASSES)"""
-    batch_share: float = EngineConfig.batch_share
-    """share of each step's chunk, of the sequence slots and of the KV blocks that batch-class
-    requests may take"""
-    admission: Annotated[AdmissionPolicy, tyro.conf.EnumChoicesFromValues] = AdmissionPolicy(
-        EngineConfig.admission)
-    """what happens to interactive requests late for their first token"""
-    admission_slack: float = EngineConfig.admission_slack
-    """a request is late after waiting this many TTFT targets without a first token"""
-    cotenant: bool = False
-    """lend the memory the engine leaves to the default co-tenant demand
-    (env/traces/cotenant.py) and report the share served"""
     seed: int = 0
     """seed of the synthetic trace and of the mixed workload's drops"""
     step_by_step: bool = False
@@ -83,13 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         trace = split(resolve_trace(args.trace, seed=args.seed), args.split)
         if args.rate_scale != 1.0:
             trace = rate_scale(trace, args.rate_scale)
-        config = EngineConfig(fast_path=not args.step_by_step, batch_share=args.batch_share,
-                              admission=args.admission.value, admission_slack=args.admission_slack,
-                              cotenant=cotenant_demand(seed=args.seed) if args.cotenant else None)
-        if args.slo:
-            config.slo_classes = slo_classes_from_arg(args.slo)
-            config.default_slo_class = next(iter(config.slo_classes))
+        config = args.engine_config(seed=args.seed, fast_path=not args.step_by_step)
         profile = Profile.load(args.spec())
+        trace.check_classes(config.slo_classes)
     except (ValueError, FileNotFoundError) as e:
         print(f"replay: {e}", file=sys.stderr)
         return 2
@@ -98,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
            "knobs": knobs.as_dict(), "profile": profile.name, **result.as_dict()}
     if trace.skipped:
         out["skipped_rows"] = trace.skipped
+    if trace.num_reordered:
+        out["reordered_rows"] = trace.num_reordered
     if args.json:
         print(json.dumps(out))
         return 0
@@ -127,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {k:<{width}}  {v}")
     if trace.skipped:
         print(f"  skipped rows: {trace.skipped}")
+    if trace.num_reordered:
+        print(f"  reordered rows: {trace.num_reordered} were out of arrival order (re-sorted)")
     return 0
 
 

@@ -46,6 +46,17 @@ def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
     return None
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """On a runtime-only install, skip the tests marked ``training_stack`` (they run a script or
+    import a module that needs it at run time, which the collection filter above cannot see)."""
+    if HAS_TRAINING_STACK:
+        return
+    skip = pytest.mark.skip(reason="needs the training stack (the train extra)")
+    for item in items:
+        if item.get_closest_marker("training_stack") is not None:
+            item.add_marker(skip)
+
+
 def raw_fields(knobs: Knobs = DEFAULT_KNOBS, **overrides: float) -> dict[str, float]:
     """A plausible named observation: moderate load, SLOs met, the given knobs."""
     f = {

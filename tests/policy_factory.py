@@ -91,7 +91,10 @@ def write_fixtures(folder: Path) -> list[Path]:
                          metadata={"batchpilot.trained_on": "synthetic-poisson"}),
             write_policy(folder / "policy-test-2.onnx", make_mlp(seed=1), policy_version="test-2"),
             write_policy(folder / "policy-old-spec.onnx", make_mlp(seed=0),
-                         spec_version="batchpilot-spec/0+000000000000")]
+                         spec_version="batchpilot-spec/0+000000000000"),
+            # finite for a zero observation, NaN past half the first field's range
+            write_policy(folder / "policy-nan-mid.onnx", make_mlp(seed=0), nan_above=0.5,
+                         policy_version="nan-mid")]
 
 
 if __name__ == "__main__":

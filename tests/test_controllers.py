@@ -12,9 +12,9 @@ from agents.controllers.best_static import grid_search
 from agents.controllers.heuristic import HeuristicController, ewma, heuristic_ratio
 from runtime.decider.controller import Controller, StaticController
 from runtime.decider.decision import Decision
-from runtime.decider.pid import PidController
+from runtime.decider.pid import PidController, PidGains
 from runtime.engine.profile import Profile
-from runtime.knobs import DEFAULT_KNOBS, Knobs
+from runtime.knobs import DEFAULT_KNOBS, Knobs, knobs_to_action
 from runtime.observation import OBSERVATION_NAMES, vector_from_fields
 
 
@@ -94,13 +94,43 @@ def test_pid_shortens_the_window_when_ttft_runs_over_and_is_stateless():
     assert a.knobs.batch_window_ms < 50
 
 
-def test_pid_raises_the_kv_ratio_under_preemptions_and_lowers_it_after_an_oom():
-    pid = PidController()
+def test_pid_raises_the_kv_ratio_under_preemptions_and_lowers_it_on_kv_slack():
+    # the KV loop's law, with its box opened (by default the ratio stays at the static one)
+    pid = PidController(PidGains(kv_box_down=2.0, kv_box_up=2.0))
     base = dict(kv_utilization=0.85, kv_utilization_prev=0.85, kv_cache_ratio=0.7,
                 ttft_p99_ratio=0.5, ttft_p99_ratio_prev=0.5, tpot_p99_ratio=0.7,
                 tpot_p99_ratio_prev=0.7)
     assert pid.decide(obs(**base, preemptions=4)).knobs.kv_cache_ratio > 0.7
-    assert pid.decide(obs(**base, ooms=1)).knobs.kv_cache_ratio < 0.7
+    assert pid.decide(obs(**dict(base, kv_utilization=0.2))).knobs.kv_cache_ratio < 0.7
+
+
+def test_pid_keeps_every_knob_within_its_box_around_the_static_knobs():
+    pid = PidController()
+    s = knobs_to_action(DEFAULT_KNOBS)
+    g = pid.gains
+    for knobs in (Knobs(200.0, 16384, 0.4), Knobs(5.0, 64, 0.95)):
+        a = pid.action(obs(**knobs.as_dict(), ttft_p99_ratio=3.0, tpot_p99_ratio=0.1,
+                           preemptions=9))
+        assert s[0] - g.window_box <= a[0] <= s[0] + g.window_box
+        assert s[1] - g.chunk_box <= a[1] <= s[1] + g.chunk_box
+        assert a[2] == s[2]  # the KV ratio's box is empty by default
+    wide = obs(**Knobs(5.0, 16384, 0.9).as_dict())
+    assert pid.decide(wide).knobs.prefill_chunk_tokens == 4096  # 2048 x 2
+
+
+def test_pid_goes_back_to_the_static_chunk_and_ratio_after_an_oom():
+    pid = PidController(PidGains(kv_box_down=2.0, kv_box_up=2.0))
+    k = pid.decide(obs(**Knobs(20.0, 3072, 0.8).as_dict(), ooms=2.0, ttft_p99_ratio=0.5,
+                       ttft_p99_ratio_prev=0.5)).knobs
+    assert (k.prefill_chunk_tokens, k.kv_cache_ratio) == (2048, 0.9)
+    assert k.batch_window_ms != DEFAULT_KNOBS.batch_window_ms  # the window loop still runs
+
+
+def test_pid_goes_back_to_the_static_knobs_when_attainment_is_bad():
+    pid = PidController()
+    moved = Knobs(20.0, 3072, 0.9).as_dict()
+    assert pid.decide(obs(**moved, slo_attainment=0.4)).knobs == DEFAULT_KNOBS
+    assert pid.decide(obs(**moved, slo_attainment=0.6)).knobs != DEFAULT_KNOBS
 
 
 def test_best_static_grid_search_keeps_the_best_setting(tmp_path):

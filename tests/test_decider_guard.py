@@ -116,17 +116,20 @@ def test_a_list_of_numbers_is_an_observation_too(policy_path):
 
 def test_an_unexpected_exception_still_gets_an_answer(policy_path, monkeypatch):
     d = decider(policy_path)
-    monkeypatch.setattr(d, "_decide", lambda obs: 1 / 0)
+    monkeypatch.setattr(d, "_decide", lambda obs, feed_breaker: 1 / 0)
     decision = d.decide(observation())
     assert (decision.source, decision.reason) == ("static", "policy error; pid failed")
     assert "ZeroDivisionError" in d.last_error
 
 
 def test_a_policy_that_answers_nan_hands_that_decision_to_the_pid():
-    policy = OnnxPolicy(export_policy_bytes(nan_above=0.5, policy_version="nan"))
+    # NaN only past the spec's ranges (the load check draws within them), which the guard
+    # still meets: a vector from a caller that did not clip its fields
+    policy = OnnxPolicy(export_policy_bytes(nan_above=1.5, policy_version="nan"))
     d = decider(policy, max_step=2.0)
     calm = observation(arrival_rate_rps=1.0)  # first entry ~0.08: the model answers
-    hot = observation(arrival_rate_rps=4000.0)  # first entry ~0.97 > 0.5: NaN
+    hot = observation(arrival_rate_rps=4000.0)
+    hot[0] = 2.0  # > 1.5: NaN
     assert d.decide(calm).source == "policy"
     decision = d.decide(hot)
     assert (decision.source, decision.reason, decision.policy_version) == (

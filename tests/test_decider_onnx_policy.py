@@ -79,6 +79,14 @@ def test_refuses_a_model_whose_answer_to_a_zero_observation_is_nan(tmp_path):
         OnnxPolicy(export_policy_bytes(nan_above=-1.0))
 
 
+def test_refuses_a_model_that_answers_nan_somewhere_in_the_spec_ranges():
+    # finite for a zero observation, NaN once the first field passes 0.5 of its range: the
+    # zero-observation warm-up let it through, and every real decision went to the PID
+    with pytest.raises(PolicyLoadError, match=r"the action is not finite for \d+ of 512 "
+                       r"observations across the spec's ranges \(first: \[nan, nan, nan\]"):
+        OnnxPolicy(export_policy_bytes(nan_above=0.5))
+
+
 def test_threads_that_find_the_bound_buffers_busy_still_get_their_own_answer(policy_path, mlp):
     p = OnnxPolicy.load(policy_path)
     rng = np.random.default_rng(1)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.decider.pid import PidController, PidGains
-from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, action_to_knobs
+from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM, OBSERVATION_NAMES, fields_from_vector, vector_from_fields
 
 
@@ -24,6 +24,14 @@ def reference_decide(pid: PidController, observation: np.ndarray):
         u[0] -= g.window_kp * (e_w - e_w1) + g.window_ki * e_w
         u[1] -= g.chunk_kp * (e_c - e_c1) + g.chunk_ki * e_c
         u[2] += g.kv_kp * (e_k - e_k1) + g.kv_ki * e_k
+    s = np.asarray(knobs_to_action(pid.static))
+    if f["slo_attainment"] < g.bad_attainment:
+        u[:] = s
+    elif f["ooms"] > 0.5:
+        u[1:] = s[1:]
+    low = s - [g.window_box, g.chunk_box, g.kv_box_down]
+    high = s + [g.window_box, g.chunk_box, g.kv_box_up]
+    u = np.where(np.isnan(u), u, np.minimum(np.maximum(u, low), high))
     return action_to_knobs(np.clip(u, -1.0, 1.0))
 
 
@@ -44,7 +52,9 @@ vector_entries = st.one_of(
 @settings(max_examples=400, deadline=None)
 @given(st.lists(vector_entries, min_size=OBS_DIM, max_size=OBS_DIM),
        st.sampled_from([PidGains(),
-                        PidGains(window_kp=0.7, chunk_ki=0.3, kv_kp=2.0, oom_push=0.1)]))
+                        PidGains(window_kp=0.7, chunk_ki=0.3, kv_kp=2.0, oom_push=0.1,
+                                 window_box=2.0, chunk_box=2.0, kv_box_down=0.3,
+                                 kv_box_up=2.0)]))
 def test_fast_path_matches_the_field_by_field_computation(values, gains):
     pid = PidController(gains)
     obs = np.asarray(values, dtype=np.float32)

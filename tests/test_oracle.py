@@ -234,7 +234,8 @@ def test_in_the_arena_the_oracle_leaves_its_anchor_when_another_setting_meets_mo
     profile = hand_profile()
     static = run_episode(window, StaticController(anchor), interval_s=0.25, profile=profile)
     ahead = run_episode(window, oracle, interval_s=0.25, profile=profile)
-    assert static.summary["met"] == 0 and ahead.summary["met"] == n
+    # the first request is served under the start-up knobs (chunk 2048) before the first decision
+    assert static.summary["met"] == 1 and ahead.summary["met"] == n
     assert ahead.summary["finished"] == n and oracle.searches == ahead.decisions // 4 + 1
 
 

@@ -16,8 +16,7 @@ from tests.conftest import FIXTURES
 _folder = Path(tempfile.mkdtemp(prefix="batchpilot-fuzz-"))
 (_folder / "policy.onnx").write_bytes((FIXTURES / "policy-test-1.onnx").read_bytes())
 (_folder / "corrupt.onnx").write_bytes(b"not a model")
-app = create_app(Settings(policy_dir=_folder, reload_token="fuzz-token", max_body_bytes=64 * 1024,
-                          breaker_trip_after=2, breaker_cooldown_s=0.0))
+app = create_app(Settings(policy_dir=_folder, reload_token="fuzz-token", max_body_bytes=64 * 1024))
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
 

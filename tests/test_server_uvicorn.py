@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -17,7 +19,7 @@ import pytest
 import uvicorn
 
 from runtime.api.settings import Settings
-from runtime.server import create_app
+from runtime.server import uvicorn_config
 from tests.conftest import raw_fields
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,16 +45,15 @@ def wait_healthy(url: str, timeout_s: float = 20.0, proc: subprocess.Popen | Non
     raise TimeoutError(f"{url}/healthz did not answer within {timeout_s} s")
 
 
-@pytest.fixture()
-def server_url(policy_dir) -> Iterator[str]:
-    """uvicorn in a thread, on a free port; stopped cleanly at the end."""
-    settings = Settings(policy_dir=policy_dir, reload_token=TOKEN, breaker_trip_after=0)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port,
-                                           log_level="warning", access_log=False))
+@contextlib.contextmanager
+def serving(settings: Settings) -> Iterator[str]:
+    """uvicorn in a thread, on a free port, configured as ``python -m runtime.server`` is;
+    stopped cleanly at the end."""
+    settings = settings.model_copy(update={"port": free_port(), "log_level": "warning"})
+    server = uvicorn.Server(uvicorn_config(settings))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{settings.port}"
     try:
         wait_healthy(url)
         yield url
@@ -60,6 +61,12 @@ def server_url(policy_dir) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=10)
         assert not thread.is_alive(), "uvicorn did not shut down"
+
+
+@pytest.fixture()
+def server_url(policy_dir) -> Iterator[str]:
+    with serving(Settings(policy_dir=policy_dir, reload_token=TOKEN)) as url:
+        yield url
 
 
 def test_decide_batch_and_policy_over_a_real_socket(server_url):
@@ -140,3 +147,90 @@ def test_python_m_runtime_server_starts_with_the_configured_policy_or_pid_alone(
         # uvicorn shuts down gracefully, then re-raises the signal: -SIGTERM is a clean exit
         assert proc.returncode in (0, -signal.SIGTERM), out.decode()[-2000:]
         assert b"Traceback" not in out, out.decode()[-2000:]
+
+
+# ---------------------------------------------------------------- timeouts and the concurrency
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
+    """(whether the server closed the connection within ``seconds``, what it sent first)."""
+    sock.settimeout(seconds)
+    data = b""
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < seconds:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return True, data
+            data += chunk
+    except TimeoutError:
+        return False, data
+    except ConnectionResetError:
+        return True, data
+    return False, data
+
+
+REQUEST = (b"POST /v1/decide HTTP/1.1\r\nHost: t\r\ncontent-type: application/json\r\n")
+
+
+def test_partial_headers_and_silent_connections_are_closed_after_the_header_timeout(policy_dir):
+    with serving(Settings(policy_dir=policy_dir, header_timeout_s=0.3)) as url:
+        silent, partial = connect(url), connect(url)
+        partial.sendall(REQUEST)  # and never the blank line that ends the headers
+        t0 = time.monotonic()
+        assert closed_within(silent, 2.0) == (True, b"")
+        assert closed_within(partial, 2.0) == (True, b"")
+        assert time.monotonic() - t0 < 1.5
+        assert httpx.post(url + "/v1/decide", json=raw_fields()).status_code == 200
+
+
+def test_a_body_that_never_finishes_gets_408_and_the_connection_closes(policy_dir):
+    with serving(Settings(policy_dir=policy_dir, body_timeout_s=0.3)) as url:
+        sock = connect(url)
+        sock.sendall(REQUEST + b"content-length: 1000\r\n\r\n" + b'{"arrival_rate_rps": 1')
+        closed, data = closed_within(sock, 2.0)
+        assert closed and data.startswith(b"HTTP/1.1 408 ")
+        assert b"the request body did not arrive within 0.3 s" in data
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_its_timeout(policy_dir):
+    body = json.dumps(raw_fields()).encode()
+    with serving(Settings(policy_dir=policy_dir, keep_alive_timeout_s=1)) as url:
+        sock = connect(url)
+        sock.sendall(REQUEST + f"content-length: {len(body)}\r\n\r\n".encode() + body)
+        closed, data = closed_within(sock, 3.0)
+        assert closed and data.startswith(b"HTTP/1.1 200 ")
+
+
+def test_connections_past_the_concurrency_limit_get_503(policy_dir):
+    with serving(Settings(policy_dir=policy_dir, max_concurrency=3)) as url:
+        idle = [connect(url) for _ in range(3)]
+        time.sleep(0.2)
+        r = httpx.post(url + "/v1/decide", json=raw_fields())
+        assert r.status_code == 503
+        for s in idle:
+            s.close()
+        time.sleep(0.2)
+        assert httpx.post(url + "/v1/decide", json=raw_fields()).status_code == 200
+
+
+def test_slow_clients_do_not_hold_up_a_good_one(policy_dir):
+    """Twenty connections trickling headers and twenty trickling bodies: a good client's
+    decisions still come back in milliseconds."""
+    with serving(Settings(policy_dir=policy_dir)) as url:
+        slow = [connect(url) for _ in range(40)]
+        for k, s in enumerate(slow):
+            s.sendall(REQUEST if k % 2 else REQUEST + b"content-length: 900\r\n\r\n{")
+        with httpx.Client(base_url=url) as client:
+            client.post("/v1/decide", json=raw_fields())
+            times = []
+            for _ in range(50):
+                t0 = time.perf_counter()
+                assert client.post("/v1/decide", json=raw_fields()).status_code == 200
+                times.append(time.perf_counter() - t0)
+        for s in slow:
+            s.close()
+        assert sorted(times)[25] < 0.05, sorted(times)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.training_stack
 
 
 @pytest.mark.slow
@@ -49,6 +50,8 @@ def test_bad_flags_are_refused_by_name():
         "--preset", "huge")
     assert ("--n-steps * --n-envs (2048) must be at least --batch-size (100000)"
             in refused("--batch-size", "100000"))
+    assert "--ray-workers must be in 0..4 (--n-envs), got 5" in refused(
+        "--vec-env", "ray", "--ray-workers", "5")
 
 
 def test_a_mistyped_boolean_is_an_error_naming_the_flag_not_false():

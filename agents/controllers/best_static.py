@@ -20,7 +20,6 @@ import itertools
 import json
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -90,24 +89,23 @@ def cache_key(trace_spec: str, part: str, scales: Sequence[float], profile: Prof
 def grid_search(trace_spec: str, *, part: str = "train", scales: Sequence[float] = TUNING_SCALES,
                 profile_path: str | Path | None = None, config: EngineConfig | None = None,
                 grid: dict[str, tuple] | None = None, workers: int = 2,
-                progress: bool = True) -> dict:
-    """Score every knob setting of ``grid``; returns the best knobs and the whole table."""
+                ray: bool | None = None, progress: bool = True) -> dict:
+    """Score every knob setting of ``grid``; returns the best knobs and the whole table.
+
+    The settings are scored in parallel by :class:`agents.parallel.JobRunner`: ``workers`` local
+    processes, or Ray with ``ray=True`` (``None``: when ``RAY_ADDRESS`` is set)."""
+    from agents.parallel import run_jobs
+
     grid = grid or GRID
     config = config or EngineConfig()
     profile_path = str(profile_path) if profile_path else None
     combos = list(itertools.product(*grid.values()))
     jobs = [(trace_spec, part, tuple(scales), c, profile_path, config) for c in combos]
     t0 = time.perf_counter()
-    results = []
-    with ProcessPoolExecutor(max_workers=max(1, workers)) as pool:
-        for i, (knobs_t, atts) in enumerate(pool.map(_score, jobs), 1):
-            results.append({"knobs": list(knobs_t), "attainment": atts,
-                            "mean_attainment": sum(atts) / len(atts)})
-            if progress:
-                print(f"\rbest-static grid search on {trace_label(trace_spec)}: {i}/{len(jobs)} "
-                      f"settings ({time.perf_counter() - t0:.0f} s)", end="", flush=True)
-    if progress:
-        print()
+    scored = run_jobs(_score, jobs, workers=workers, ray=ray, progress=progress,
+                      desc=f"best-static grid search on {trace_label(trace_spec)}")
+    results = [{"knobs": list(knobs_t), "attainment": atts,
+                "mean_attainment": sum(atts) / len(atts)} for knobs_t, atts in scored]
     best = select_best(results)
     return {"best": best["knobs"], "best_mean_attainment": best["mean_attainment"],
             "trace": trace_label(trace_spec), "split": part, "scales": list(scales),
@@ -119,7 +117,8 @@ def best_static_knobs(trace_spec: str, *, part: str = "train",
                       scales: Sequence[float] = TUNING_SCALES,
                       profile_path: str | Path | None = None, config: EngineConfig | None = None,
                       grid: dict[str, tuple] | None = None, cache_dir: Path | None = None,
-                      workers: int = 2, progress: bool = True) -> Knobs:
+                      workers: int = 2, ray: bool | None = None,
+                      progress: bool = True) -> Knobs:
     """The best static knobs for a trace, from the cache or a fresh grid search."""
     config = config or EngineConfig()
     grid = grid or GRID
@@ -130,7 +129,8 @@ def best_static_knobs(trace_spec: str, *, part: str = "train",
     if path.exists():
         return Knobs(*select_best(json.loads(path.read_text())["table"])["knobs"])
     result = grid_search(trace_spec, part=part, scales=scales, profile_path=profile_path,
-                         config=config, grid=grid, workers=workers, progress=progress)
+                         config=config, grid=grid, workers=workers, ray=ray,
+                         progress=progress)
     result["key"] = key
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")

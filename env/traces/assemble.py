@@ -60,7 +60,8 @@ def assemble_trace(path: Path, format_label: str, arrival_s: np.ndarray,
     return Trace(name=path.stem, arrival_s=arrival_s[order] - start_s,
                  prompt_tokens=prompt_tokens[keep][order],
                  output_tokens=output_tokens[keep][order], slo_class=slo_class[keep][order],
-                 source=f"{path} ({'; '.join(notes)})", skipped=skipped)
+                 source=f"{path} ({'; '.join(notes)})", skipped=skipped,
+                 num_reordered=num_moved)
 
 
 SLO_CLASS_COLUMN = "slo_class"

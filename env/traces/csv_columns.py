@@ -16,11 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from env.traces.errors import TraceFormatError
+from env.traces.errors import TraceFormatError, shown
+from runtime.engine.engine import MAX_ARRIVAL_S
 
 _COUNTS = re.compile(r"(?:\d{1,15}\n)*\d{1,15}")
 """one or more non-negative integers of at most 15 digits, a line each (more would be no token
 count, and could overflow int64 sums)"""
+_COUNT = re.compile(r"\d{1,15}")
+"""one such integer"""
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ def read_csv_columns(path: str | Path, required: Sequence[str], optional: Sequen
     path = Path(path)
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
-            text = f.read().replace("\r\n", "\n")
+            # CRLF and old Mac CR-only line endings read as LF
+            text = f.read().replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError:
         raise TraceFormatError.not_utf8(path) from None
     expected = _expected_header(required, optional)
@@ -161,12 +165,15 @@ def _check_header(path: Path, header: list[str], expected: str, required: Sequen
 def parse_counts(table: CsvColumns, column: str) -> np.ndarray:
     """A column of non-negative integers (token counts) as int64; anything else is refused."""
     values = table.values[column]
-    if _COUNTS.fullmatch("\n".join(values)):  # the usual case, checked in one pass
+    joined = "\n".join(values)
+    # the usual case, checked in one pass (a quoted value with a line break in it would pass as
+    # two lines: the count of lines says it did not)
+    if _COUNTS.fullmatch(joined) and joined.count("\n") == len(values) - 1:
         return np.array(list(map(int, values)), dtype=np.int64)
     for i, text in enumerate(values):
-        if not _COUNTS.fullmatch(text.strip()):
+        if not _COUNT.fullmatch(text.strip()):
             raise TraceFormatError(table.path, int(table.line_numbers[i]), column,
-                                   f"expected a non-negative integer, got {text!r}")
+                                   f"expected a non-negative integer, got {shown(text)}")
     return np.array([int(text) for text in values], dtype=np.int64)  # spaces around digits
 
 
@@ -177,7 +184,7 @@ def parse_seconds(table: CsvColumns, column: str) -> np.ndarray:
         seconds = np.array(values, dtype=np.float64)
     except ValueError:
         seconds = None
-    if seconds is not None and np.all(seconds >= 0) and np.all(np.isfinite(seconds)) \
+    if seconds is not None and np.all(seconds >= 0) and np.all(seconds <= MAX_ARRIVAL_S) \
             and not any("_" in text for text in values):
         return seconds
     for i, text in enumerate(values):  # find the first bad value
@@ -187,7 +194,11 @@ def parse_seconds(table: CsvColumns, column: str) -> np.ndarray:
             value = math.nan
         if not (math.isfinite(value) and value >= 0) or "_" in text:
             raise TraceFormatError(table.path, int(table.line_numbers[i]), column,
-                                   f"expected a non-negative number of seconds, got {text!r}")
+                                   f"expected a non-negative number of seconds, got {shown(text)}")
+        if value > MAX_ARRIVAL_S:
+            raise TraceFormatError(table.path, int(table.line_numbers[i]), column,
+                                   f"{text.strip()} s is past the engine's limit of "
+                                   f"{MAX_ARRIVAL_S:g} s")
     raise AssertionError(f"numpy refused column {column} but no single value")
 
 

@@ -4,6 +4,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+MAX_SHOWN_CHARS = 40
+"""a bad value longer than this is cut in messages (a 5,000-digit number is not repeated)"""
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to :data:`MAX_SHOWN_CHARS` characters with its length said."""
+    text = repr(value) if not isinstance(value, int) or isinstance(value, bool) else \
+        _int_text(value)
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    return f"{text[:MAX_SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def _int_text(value: int) -> str:
+    try:
+        return repr(value)
+    except ValueError:  # more digits than Python converts to text
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+
 
 class TraceFormatError(ValueError):
     """A trace file that cannot be read as its format says.
@@ -27,6 +46,10 @@ class TraceFormatError(ValueError):
         if column is not None:
             where += f", column {column}"
         super().__init__(f"{where}: {problem}")
+
+    def __reduce__(self):
+        # rebuilt from its own arguments, so that it crosses a process pool or Ray intact
+        return type(self), (self.path, self.line, self.column, self.problem)
 
     @classmethod
     def not_utf8(cls, path: str | Path) -> TraceFormatError:

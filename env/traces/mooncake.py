@@ -26,9 +26,10 @@ from env.traces.assemble import (
     assemble_trace,
     default_classes,
 )
-from env.traces.errors import TraceFormatError
+from env.traces.errors import TraceFormatError, shown
 from env.traces.trace import Trace
 from env.traces.transforms import quantisation_step
+from runtime.engine.engine import MAX_ARRIVAL_S
 from runtime.engine.slo import DEFAULT_SLO_CLASS
 
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
@@ -93,6 +94,11 @@ def _parse_line(path: Path, line_number: int, line: str) -> dict:
         record = json.loads(line.rstrip("\r\n"))  # so that a column past the end is on this line
     except json.JSONDecodeError as e:
         raise TraceFormatError(path, line_number, str(e.colno), f"invalid JSON: {e.msg}") from None
+    except RecursionError:
+        raise TraceFormatError(path, line_number, None,
+                               "invalid JSON: nested too deeply to read") from None
+    except ValueError as e:  # e.g. an integer of more digits than Python converts
+        raise TraceFormatError(path, line_number, None, f"invalid JSON: {e}") from None
     if not isinstance(record, dict):
         raise TraceFormatError(path, line_number, None,
                                f"expected a JSON object, got {type(record).__name__}")
@@ -110,8 +116,11 @@ def _milliseconds(path: Path, line_number: int, record: dict, key: str) -> float
     value = _value(path, line_number, record, key)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             not math.isfinite(value) or value < 0:
+        raise TraceFormatError(path, line_number, key, "expected a non-negative number of "
+                               f"milliseconds, got {shown(value)}")
+    if not value / 1000.0 <= MAX_ARRIVAL_S:
         raise TraceFormatError(path, line_number, key,
-                               f"expected a non-negative number of milliseconds, got {value!r}")
+                               f"{value:g} ms is past the engine's limit of {MAX_ARRIVAL_S:g} s")
     return float(value)
 
 
@@ -127,5 +136,5 @@ def _count(path: Path, line_number: int, record: dict, key: str) -> int:
     value = _value(path, line_number, record, key)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**50:
         raise TraceFormatError(path, line_number, key,
-                               f"expected a non-negative integer, got {value!r}")
+                               f"expected a non-negative integer, got {shown(value)}")
     return value

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from runtime.engine.engine import MAX_ARRIVAL_S
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class Trace:
     """where it came from: a file path, or the generator and its parameters"""
     skipped: dict[str, int] = field(default_factory=dict)
     """rows skipped by rule when it was read, by reason (never dropped silently)"""
+    num_reordered: int = 0
+    """rows of the file that were out of arrival order and were re-sorted when it was read"""
     timestamp_step_s: float = 0.0
     """the step its timestamps come in when the file quantised them (Mooncake's conversation
     trace: 3 s); 0 when they are not quantised (or were spread, see ``transforms.jitter``)"""
@@ -35,6 +40,11 @@ class Trace:
             if len(getattr(self, name)) != n:
                 raise ValueError(f"trace {self.name!r}: {name} has {len(getattr(self, name))} "
                                  f"entries, arrival_s has {n}")
+        if n and not (np.isfinite(self.arrival_s[-1]) and self.arrival_s[-1] <= MAX_ARRIVAL_S):
+            bad = int(np.argmax(~(self.arrival_s <= MAX_ARRIVAL_S)))
+            raise ValueError(f"trace {self.name!r}: request {bad} arrives at "
+                             f"{self.arrival_s[bad]:g} s, past the engine's limit of "
+                             f"{MAX_ARRIVAL_S:g} s")
         if n and np.any(np.diff(self.arrival_s) < 0):
             raise ValueError(f"trace {self.name!r}: arrival_s is not sorted")
         if n and (self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1):
@@ -60,7 +70,20 @@ class Trace:
                      output_tokens=self.output_tokens[mask_or_index],
                      slo_class=self.slo_class[mask_or_index],
                      source=source or self.source, skipped=dict(self.skipped),
+                     num_reordered=self.num_reordered,
                      timestamp_step_s=self.timestamp_step_s)
+
+    def check_classes(self, known: Collection[str]) -> None:
+        """Raise ValueError naming the first request whose SLO class is not in ``known`` (the
+        engine's classes), before a replay starts rather than from inside it."""
+        unknown = sorted(set(np.unique(self.slo_class).tolist()) - set(known))
+        if unknown:
+            first = int(np.flatnonzero(self.slo_class == unknown[0])[0])
+            count = int(np.isin(self.slo_class, unknown).sum())
+            raise ValueError(f"trace {self.name!r} ({self.source}): slo_class {unknown[0]!r} of "
+                             f"request {first} (in arrival order; {count} request"
+                             f"{'s' if count != 1 else ''} in all with classes {unknown}) is not "
+                             f"one of the engine's classes {sorted(known)}")
 
     def peak_requests_in(self, window_s: float) -> int:
         """The most requests whose arrivals fall in any window ``[t, t + window_s)`` (seconds).

@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 
 from env.traces.trace import Trace
+from runtime.engine.engine import MAX_ARRIVAL_S
 
 TRAIN_SPLIT_S = 2400.0
 """The project's one held-out convention, in seconds of trace time: requests arriving in the
@@ -35,6 +36,11 @@ def rate_scale(trace: Trace, factor: float) -> Trace:
     request rate is ``factor`` times as high (2 = twice the load). Lengths are unchanged."""
     if not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"rate scale factor must be a finite number > 0, got {factor}")
+    last = float(trace.arrival_s[-1]) if len(trace) else 0.0
+    if not last / factor <= MAX_ARRIVAL_S:
+        raise ValueError(f"rate scale factor {factor:g} stretches the trace's last arrival, "
+                         f"{last:g} s, to {last / factor:g} s, past the engine's limit of "
+                         f"{MAX_ARRIVAL_S:g} s")
     return _with_arrivals(trace, trace.arrival_s / factor,
                           source=f"{trace.source} [rate x{factor:g}]",
                           timestamp_step_s=trace.timestamp_step_s / factor)
@@ -110,5 +116,6 @@ def _with_arrivals(trace: Trace, arrival_s: np.ndarray, source: str | None = Non
     return Trace(name=trace.name, arrival_s=arrival_s, prompt_tokens=trace.prompt_tokens,
                  output_tokens=trace.output_tokens, slo_class=trace.slo_class,
                  source=source or trace.source, skipped=dict(trace.skipped),
+                 num_reordered=trace.num_reordered,
                  timestamp_step_s=(trace.timestamp_step_s if timestamp_step_s is None
                                    else timestamp_step_s))

@@ -1,7 +1,9 @@
-"""Refuse request bodies over a size limit with 413, before they are read into memory."""
+"""Refuse request bodies over a size limit with 413 before they are read into memory, and bodies
+that do not arrive in time with 408."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from starlette.exceptions import HTTPException
@@ -13,21 +15,30 @@ class BodySizeLimit:
 
     A declared ``Content-Length`` over the limit is answered at once, without reading the body; a
     body without one (chunked) is counted as it streams in, and the read that passes the limit
-    raises a 413 ``HTTPException`` into the route, which FastAPI answers.
+    raises a 413 ``HTTPException`` into the route, which FastAPI answers. A body still incomplete
+    ``body_timeout_s`` after the route first asks for it gets a 408 and the connection is closed
+    (a client that trickles its body cannot hold a connection and a task forever).
 
     :param app: the wrapped app
     :param max_body_bytes: the largest body accepted
+    :param path_limits: smaller limits for some paths (a route whose valid bodies are small
+        refuses a large one before parsing it)
+    :param body_timeout_s: seconds the whole body may take to arrive
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int,
+                 path_limits: dict[str, int] | None = None,
+                 body_timeout_s: float = 10.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.path_limits = dict(path_limits or {})
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.max_body_bytes
+        limit = self.path_limits.get(scope["path"], self.max_body_bytes)
         for key, value in scope["headers"]:
             if key == b"content-length":
                 try:
@@ -41,10 +52,20 @@ class BodySizeLimit:
                     return
                 break
         received = 0
+        deadline: float | None = None
+        timeout_s = self.body_timeout_s
 
         async def counted_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, deadline
+            loop = asyncio.get_running_loop()
+            if deadline is None:
+                deadline = loop.time() + timeout_s
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise HTTPException(408, f"the request body did not arrive within {timeout_s:g} s",
+                                    headers={"connection": "close"}) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:

@@ -105,6 +105,23 @@ class BreakerOut(BaseModel):
     num_trips: int
 
 
+class RecentOut(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    window_s: int
+    """the span counted, in seconds (the last minute)"""
+    decisions: int
+    """decisions made in the window"""
+    by_source: dict[str, int]
+    """decisions in the window by source (policy, pid, static)"""
+    fallback_share: float
+    """share of the window's decisions not made by the policy (0 when there were none)"""
+    source: Literal["policy", "pid", "static"] | None
+    """the source that made most of the window's decisions (None when there were none)"""
+    top_reason: str | None
+    """the commonest fallback reason in the window"""
+
+
 class PolicyOut(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
@@ -116,6 +133,8 @@ class PolicyOut(BaseModel):
     max_step: float
     static_knobs: KnobsOut
     breaker: BreakerOut
+    recent: RecentOut
+    """who actually decided over the last minute"""
     num_reloads: int
     num_failed_reloads: int
     last_error: str | None
@@ -130,9 +149,15 @@ class ReadyOut(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     ready: bool
-    source: Literal["policy", "pid"]
-    """who decides an ordinary observation now: the policy, or the PID (no policy, or the
-    circuit is open)"""
+    source: Literal["policy", "pid", "static"]
+    """who actually decides: the source of most decisions over the last minute, or, before any,
+    who would decide an ordinary observation now (the policy, or the PID when none is loaded or
+    the circuit is open)"""
     policy_version: str | None
     reason: str | None
-    """why the PID decides (None when the policy does)"""
+    """why the policy does not decide (None when it does): the commonest fallback reason over
+    the last minute, or why there is no policy"""
+    fallback_share_1m: float
+    """share of the last minute's decisions not made by the policy (0 when there were none)"""
+    decisions_1m: int
+    """decisions made over the last minute"""

@@ -6,10 +6,12 @@ class by :func:`settings_table`, so the two cannot drift apart).
 
 from __future__ import annotations
 
+import difflib
+import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.decider.guard import DEFAULT_MAX_STEP
@@ -19,6 +21,11 @@ ENV_PREFIX = "BATCHPILOT_"
 POLICY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.onnx$"
 """A policy file name: no folder part, no leading dot, ends in .onnx (so no path can leave the
 policy folder)."""
+OTHER_VARIABLES = frozenset({CHECKPOINTS_DIR_ENV, "BATCHPILOT_TRACES_DIR"})
+"""``BATCHPILOT_*`` variables that other parts of the project read (the checkpoint folder, and
+the trace folder, which ``env/traces/locations.py`` reads: runtime/ may not import env/); any
+other one that is not a setting below is refused, so that a misspelt setting is not silently
+ignored."""
 
 
 class Settings(BaseSettings):
@@ -41,14 +48,17 @@ class Settings(BaseSettings):
     """larger request bodies are refused with 413 (a full batch of 4096 observations is ~3 MB)"""
     max_step: float = Field(DEFAULT_MAX_STEP, gt=0.0)
     """slew rate: the most a knob may move per decision, in action units (the range is 2 wide)"""
-    breaker_target: float = Field(0.9, ge=0.0, le=1.0)
-    """interval SLO attainment the policy must hold"""
-    breaker_trip_after: int = Field(3, ge=0)
-    """consecutive readings below target under the policy that hand control to the PID (0: off)"""
-    breaker_cooldown_s: float = Field(30.0, ge=0.0)
-    """seconds the PID keeps control before the policy is given a half-open probation"""
-    breaker_close_after: int = Field(3, ge=1)
-    """consecutive readings at or above target on probation that give the policy control back"""
+    max_decide_body_bytes: int = Field(16 * 1024, ge=1024)
+    """larger ``POST /v1/decide`` bodies are refused with 413 (one observation is ~700 bytes)"""
+    header_timeout_s: float = Field(10.0, gt=0.0)
+    """a connection's request line and headers must arrive within this; else it is closed"""
+    body_timeout_s: float = Field(10.0, gt=0.0)
+    """a request's body must arrive within this after its headers; else 408 and the connection
+    is closed"""
+    keep_alive_timeout_s: int = Field(5, ge=1)
+    """an idle keep-alive connection is closed after this"""
+    max_concurrency: int = Field(256, ge=1)
+    """open connections (and requests in progress) at most; beyond it new requests get 503"""
     require_policy: bool = False
     """``GET /readyz`` answers 503 while no policy is loaded (else PID alone counts as ready)"""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
@@ -57,9 +67,45 @@ class Settings(BaseSettings):
     """log every request (off by default: at thousands of requests per second it costs more
     than the decisions)"""
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_case_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _no_unknown_variables(self) -> Settings:
+        known = {ENV_PREFIX + name.upper() for name in type(self).model_fields} | OTHER_VARIABLES
+        for variable in sorted(os.environ):
+            if variable.upper().startswith(ENV_PREFIX) and variable.upper() not in known:
+                close = difflib.get_close_matches(variable.upper(), sorted(known), n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                raise ValueError(f"unknown setting {variable}{hint} (the settings are listed in "
+                                 "docs/rest.md)")
+        return self
+
     @property
     def policy_path(self) -> Path | None:
         return self.policy_dir / self.policy_file if self.policy_file else None
+
+    def start_policy_path(self) -> Path | None:
+        """The start-up policy's path, resolved; ValueError when it leads out of the policy
+        folder (a symlink), as a reload would refuse it."""
+        if not self.policy_file:
+            return None
+        return resolve_in_folder(self.policy_dir, self.policy_file)
+
+
+def resolve_in_folder(folder: Path, name: str) -> Path:
+    """``folder / name`` with symlinks resolved; ValueError when that leaves ``folder`` or
+    cannot be resolved (a symlink loop)."""
+    try:
+        root = folder.resolve()
+        path = (root / name).resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
+        raise ValueError(f"{name!r} cannot be resolved: {e}".replace(str(folder), "")) from None
+    if path.parent != root:
+        raise ValueError(f"{name!r} resolves outside the policy folder")
+    return path
 
 
 def settings_table() -> str:

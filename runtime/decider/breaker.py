@@ -15,12 +15,17 @@ Attribution. The observation handed to decision k describes the interval that fo
 k-1, so a reading is charged to the source of the previous decision: readings that follow a PID
 or static decision (the open state, or a guard fallback) neither trip nor close the circuit.
 
-State. The breaker is the only state the decider keeps between decisions (the knobs come from
-the observation alone). It is per process: over REST, every client's observations feed one
-breaker, which is what a canary for one deployment wants (replicas of one model on one kind of
-traffic fail together); an operator who serves unrelated fleets from one process should disable
-it (``trip_after=0``) or run one process per fleet. Each replica behind a load balancer trips on
-its own, which errs toward the PID.
+Who feeds it. Only the serving runtime that applies this decider's knobs: its readings are of
+the intervals that followed the decider's own decisions, which is what the attribution above
+needs. Decisions for clients (REST) read the state but never feed it (see
+:mod:`runtime.decider.guard`). A process-wide breaker fed by client rows let any client switch
+the policy off for everyone (one batch with ``slo_attainment: 0`` in four rows opened it for 30 s),
+and a breaker per client would not do better: the server cannot tell whether a client applied
+the knobs it was given, which earlier decision a reading follows (replicas behind a load balancer
+answer a client's consecutive intervals), or who a client is without authenticating it, and one
+breaker per claimed identity is unbounded state a client can inflate. A client that wants a
+canary acts on ``source``, or embeds the runtime. Each replica trips on its own, which errs
+toward the PID.
 
 The clock is injected so that tests (and the embedded serving loop, which runs in simulated
 time) control it; it defaults to ``time.monotonic``.
@@ -104,6 +109,13 @@ class CircuitBreaker:
                 self._good = 0
                 self._below = 0
             return True
+
+    def is_closed(self) -> bool:
+        """Whether the policy may decide, read without a reading: not open, or open past its
+        cool-down (the state changes only when the runtime's next reading arrives)."""
+        if self.trip_after == 0 or self.state != "open" or self.opened_at is None:
+            return True
+        return self.clock() - self.opened_at >= self.cooldown_s
 
     def decided(self, by_policy: bool) -> None:
         """Record who made the decision just taken (the next reading is charged to it)."""

@@ -22,8 +22,12 @@ why, and the exception text is kept in ``last_error``.
 
 State. The knobs depend only on the observation (the PID is in velocity form and the slew is
 taken around the observation's knobs), so any replica answers any request. What persists in a
-process is the loaded policy and the circuit breaker (see its module for why one per process is
-right). Training should clamp the slew the same way (:func:`slew_limit`) so that the policy sees
+process is the loaded policy and the circuit breaker. Only the embedded serving runtime feeds the
+breaker (``decide(observation)``, whose observation describes the interval that followed this
+decider's previous decision); decisions for clients (``decide(observation, client=True)`` and
+:meth:`GuardedDecider.decide_batch`, what the REST routes call) read the breaker's state but
+never feed it, so no client can switch the policy off for the others (see the breaker's module).
+Training should clamp the slew the same way (:func:`slew_limit`) so that the policy sees
 in production what it saw in training.
 
 Reload. The loaded policy and the reason for its absence are held in one tuple that a reload
@@ -53,9 +57,11 @@ from runtime.decider.decision import (
     PID_FAILED,
     POLICY_ERROR,
     Decision,
+    Source,
 )
 from runtime.decider.onnx_policy import OnnxPolicy, PolicyLoadError
 from runtime.decider.pid import PidController
+from runtime.decider.window import DecisionWindow
 from runtime.knobs import (
     DEFAULT_KNOBS,
     NUM_KNOBS,
@@ -121,6 +127,8 @@ class GuardedDecider:
         self._static_action = knobs_to_action(static_knobs)
         self.max_step = float(max_step)
         self.breaker = breaker if breaker is not None else CircuitBreaker()
+        self.recent = DecisionWindow()
+        """decisions by source and fallback reason over the last minute"""
         self._reload_lock = threading.Lock()
         self.num_reloads = 0
         self.num_failed_reloads = 0
@@ -166,20 +174,34 @@ class GuardedDecider:
             self.num_reloads += 1
             return policy
 
+    def refuse_start_policy(self, reason: str, message: str) -> None:
+        """Record why the start-up policy was not even read (e.g. it leads out of the policy
+        folder): the PID decides, with ``reason``."""
+        self._active = (None, reason)
+        self._note_error(message)
+
     def _note_error(self, message: str) -> None:
         self.last_error = message
         self.last_error_at = time.time()
 
     # ------------------------------------------------------------------ deciding
-    def decide(self, observation: np.ndarray) -> Decision:
-        """Knobs for the next interval from an observation vector (``runtime.observation``)."""
+    def decide(self, observation: np.ndarray, *, client: bool = False) -> Decision:
+        """Knobs for the next interval from an observation vector (``runtime.observation``).
+
+        :param client: the observation comes from a client (REST), not from the runtime this
+            decider drives: the breaker's state is read but the reading does not feed it
+        """
         try:
-            return self._decide(observation)
+            d = self._decide(observation, not client)
         except Exception as e:  # the last line of defence: never raise into the serving loop
             self._note_error(f"decide: {type(e).__name__}: {e}")
-            return self._static(None, POLICY_ERROR, self._active[0])
+            d = self._static(None, POLICY_ERROR, self._active[0])
+        if not client:
+            self.breaker.decided(d.source == "policy")
+        self.recent.record(d.source, d.reason)
+        return d
 
-    def _decide(self, observation: np.ndarray) -> Decision:
+    def _decide(self, observation: np.ndarray, feed_breaker: bool) -> Decision:
         policy, missing = self._active
         if type(observation) is not np.ndarray:
             try:
@@ -196,7 +218,7 @@ class GuardedDecider:
         if policy is None:
             return self._fallback(observation, v, missing, None)
         breaker = self.breaker
-        if not breaker.allow_policy(v[_ATTAINMENT]):
+        if not (breaker.allow_policy(v[_ATTAINMENT]) if feed_breaker else breaker.is_closed()):
             return self._fallback(observation, v, CIRCUIT_OPEN, policy)
         try:
             a0, a1, a2 = policy.act(observation)
@@ -205,7 +227,6 @@ class GuardedDecider:
             return self._fallback(observation, v, POLICY_ERROR, policy)
         if not math.isfinite(a0 + a1 + a2):
             return self._fallback(observation, v, NON_FINITE_OUTPUT, policy)
-        breaker.decided(True)
         return Decision(self._knobs(a0, a1, a2, v), "policy", SPEC_VERSION, policy.policy_version,
                         None)
 
@@ -216,7 +237,6 @@ class GuardedDecider:
     def _fallback(self, observation: np.ndarray, v: list[float], reason: str,
                   policy: OnnxPolicy | None) -> Decision:
         """The PID's decision, or the static one when the PID cannot decide."""
-        self.breaker.decided(False)
         version = policy.policy_version if policy is not None else None
         try:
             a0, a1, a2 = self.pid.action(observation)
@@ -228,7 +248,6 @@ class GuardedDecider:
 
     def _static(self, v: list[float] | None, reason: str, policy: OnnxPolicy | None) -> Decision:
         """The static knobs, slew-limited around the observation's knobs when they are finite."""
-        self.breaker.decided(False)
         version = policy.policy_version if policy is not None else None
         a0, a1, a2 = self._static_action
         if v is not None and math.isfinite(sum(v[-NUM_KNOBS:])):
@@ -239,8 +258,9 @@ class GuardedDecider:
 
     def decide_batch(self, observations: np.ndarray) -> list[Decision]:
         """Decisions for observations ``[n, OBS_DIM]``, in order, with the policy evaluated once on
-        the stacked rows. Each row is guarded as :meth:`decide` guards one, and the breaker sees
-        the rows in order. Raises ValueError for an array of another shape."""
+        the stacked rows. Each row is guarded as :meth:`decide` guards a client's one (the rows
+        come from clients: they read the breaker's state, never feed it). Raises ValueError for
+        an array of another shape."""
         x = np.asarray(observations, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != OBS_DIM:
             raise ValueError(f"a batch of observations has shape [n, {OBS_DIM}], got "
@@ -271,8 +291,7 @@ class GuardedDecider:
                 self._note_error(f"policy {policy.policy_version}: {type(e).__name__}: {e}")
         finite_l: list[bool] = finite.tolist()
         ok_l: list[bool] = ok.tolist()
-        attainment = x[:, _ATTAINMENT].tolist()
-        breaker = self.breaker
+        circuit_open = not self.breaker.is_closed()
         version = policy.policy_version if policy is not None else None
         out: list[Decision] = []
         for i in range(n):
@@ -281,14 +300,13 @@ class GuardedDecider:
                     d = self._fallback(x[i], x[i].tolist(), NON_FINITE_INPUT, policy)
                 elif policy is None:
                     d = self._fallback(x[i], x[i].tolist(), missing, None)
-                elif not breaker.allow_policy(attainment[i]):
+                elif circuit_open:
                     d = self._fallback(x[i], x[i].tolist(), CIRCUIT_OPEN, policy)
                 elif failed:
                     d = self._fallback(x[i], x[i].tolist(), POLICY_ERROR, policy)
                 elif not ok_l[i]:
                     d = self._fallback(x[i], x[i].tolist(), NON_FINITE_OUTPUT, policy)
                 else:
-                    breaker.decided(True)
                     knobs = actions[i]
                     assert knobs is not None  # ok_l[i]: this row's action was mapped
                     d = Decision(knobs, "policy", SPEC_VERSION, version, None)
@@ -296,6 +314,12 @@ class GuardedDecider:
                 self._note_error(f"decide_batch row {i}: {type(e).__name__}: {e}")
                 d = self._static(None, POLICY_ERROR, policy)
             out.append(d)
+        tally: dict[tuple[Source, str | None], int] = {}
+        for d in out:
+            key = (d.source, d.reason)
+            tally[key] = tally.get(key, 0) + 1
+        for (source, reason), count in tally.items():
+            self.recent.record(source, reason, count)
         return out
 
     def describe(self) -> dict:
@@ -309,6 +333,7 @@ class GuardedDecider:
             "max_step": self.max_step,
             "static_knobs": self.static_knobs.as_dict(),
             "breaker": self.breaker.describe(),
+            "recent": self.recent.summary(),
             "num_reloads": self.num_reloads,
             "num_failed_reloads": self.num_failed_reloads,
             "last_error": self.last_error,

@@ -32,7 +32,9 @@ A model that breaks the contract is refused with a :class:`PolicyLoadError` whos
 one of ``model missing`` (no such file), ``model corrupt`` (unreadable, not ONNX, or onnxruntime
 cannot build a session), ``spec mismatch`` (spec version absent or different) and ``bad model
 signature`` (names, types or shapes differ, the batch axis is fixed, or the warm-up output is
-not finite or not ``[batch, 3]``). The decider then falls back to PID.
+not ``[batch, 3]`` or not finite, for a zero observation or for any of
+:func:`spec_range_observations`, drawn across the ranges of the spec). The decider then falls back
+to PID.
 
 Speed
 =====
@@ -49,6 +51,8 @@ of waiting.
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -58,7 +62,14 @@ import onnxruntime as ort
 
 from runtime.decider.decision import BAD_SIGNATURE, MODEL_CORRUPT, MODEL_MISSING, SPEC_MISMATCH
 from runtime.knobs import NUM_KNOBS
-from runtime.observation import OBS_DIM, SPEC_ADAPTERS, SPEC_VERSION, adapt_vector
+from runtime.observation import (
+    OBS_DIM,
+    OBS_HIGH,
+    OBS_LOW,
+    SPEC_ADAPTERS,
+    SPEC_VERSION,
+    adapt_vector,
+)
 
 INPUT_NAME = "obs"
 OUTPUT_NAME = "action"
@@ -69,6 +80,19 @@ NUM_WARMUP_RUNS = 200
 """single-row runs at load, so that the first real decision does not pay for lazy
 initialisation (the first few runs of a fresh session take 10-100x longer)"""
 WARMUP_BATCH_SIZES = (1, 4, 256)
+NUM_CHECK_OBSERVATIONS = 512
+"""observations drawn across the spec's ranges that a policy must answer finitely to go live"""
+
+
+def spec_range_observations(n: int = NUM_CHECK_OBSERVATIONS, seed: int = 0) -> np.ndarray:
+    """``[n, OBS_DIM]`` float32 observations across the spec's vector ranges: the all-low, the
+    all-high and the middle vectors, then uniform draws (seeded, so every load checks the same
+    set). A policy is checked on these before it goes live: one that answers NaN somewhere in
+    the ranges it will be fed is refused, not reported as serving while the PID decides."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(OBS_LOW, OBS_HIGH, size=(n, OBS_DIM)).astype(np.float32)
+    x[0], x[1], x[2] = OBS_LOW, OBS_HIGH, (OBS_LOW + OBS_HIGH) / 2
+    return x
 
 
 class PolicyLoadError(Exception):
@@ -95,6 +119,28 @@ def session_options() -> ort.SessionOptions:
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3  # errors only: a refused model is reported through PolicyLoadError
     return so
+
+
+MAX_POLICY_BYTES = 256 * 1024 * 1024
+"""a larger file is refused before it is read (the shipped policy is ~30 KB)"""
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most :data:`MAX_POLICY_BYTES`.
+    Opened without blocking and checked on the open descriptor, so that a FIFO or a device under
+    a policy's name is refused at once rather than blocking the reload (and its lock) for ever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path.name} is not a regular file")
+        if info.st_size > MAX_POLICY_BYTES:
+            raise OSError(f"{path.name} has {info.st_size} bytes, more than the "
+                          f"{MAX_POLICY_BYTES} a policy may have")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
 
 
 def _is_fixed(dim: object) -> bool:
@@ -154,7 +200,7 @@ class OnnxPolicy:
         """Read, check and warm the policy at ``path``; raises :class:`PolicyLoadError`."""
         path = Path(path)
         try:
-            model = path.read_bytes()
+            model = _read_regular_file(path)
         except FileNotFoundError:
             raise PolicyLoadError(MODEL_MISSING, f"no policy file at {path}", path) from None
         except OSError as e:
@@ -201,6 +247,16 @@ class OnnxPolicy:
                 if not np.isfinite(y).all():
                     raise self._refuse(f"the action for a zero observation is not finite: "
                                        f"{y[0].tolist()}")
+            x = spec_range_observations()
+            if self._adapter is not None:  # what a policy of an older spec is fed
+                x = adapt_vector(x, self._adapter)
+            y = self._session.run(self._output_names, {INPUT_NAME: x})[0]
+            bad = np.flatnonzero(~np.isfinite(y).all(axis=1))
+            if bad.size:
+                raise self._refuse(
+                    f"the action is not finite for {bad.size} of {len(x)} observations across "
+                    f"the spec's ranges (first: {y[bad[0]].tolist()} for observation "
+                    f"{x[bad[0]].tolist()})")
         except PolicyLoadError:
             raise
         except Exception as e:

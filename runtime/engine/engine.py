@@ -61,7 +61,7 @@ from runtime.engine.admission import ADMISSION_SLACK_RANGE, AdmissionPolicy
 from runtime.engine.block_pool import BlockPool
 from runtime.engine.cotenant import CoTenantDemand
 from runtime.engine.executor import GIB, Batch, Executor
-from runtime.engine.metrics import IntervalStats, RunSummary, summarize
+from runtime.engine.metrics import IntervalStats, RunSummary, SummaryAccumulator
 from runtime.engine.request import RejectReason, Request, Status
 from runtime.engine.slo import DEFAULT_SLO_CLASS, DEFAULT_SLO_CLASSES, SloTarget
 from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, Knobs
@@ -71,6 +71,11 @@ _FINISH = 1  # TPOT-allowed finish (interactive) or completion deadline (batch) 
 _LATE = 2  # admission slack passed (deadline-aware admission)
 _request_id = operator.attrgetter("req_id")
 _arrival = operator.attrgetter("arrival_s")
+
+MAX_ARRIVAL_S = 1e10
+"""The latest arrival the engine accepts, in seconds (about 317 years). float64 still resolves
+a microsecond there (an iteration's time must not vanish in rounding, or time would stop);
+a Unix-epoch timestamp (1.7e9 s) fits, 1e300 does not."""
 
 
 @dataclass
@@ -88,6 +93,10 @@ class EngineConfig:
     """the class of requests added without one"""
     fast_path: bool = True
     """advance decode-only stretches in closed form when the executor allows it"""
+    keep_requests: bool = True
+    """keep every request in ``Engine.requests`` after it ends (tests and per-request reports);
+    False drops finished and rejected ones, so a long-running serving loop's memory stays
+    bounded (the run summary is exact either way)"""
     batch_share: float = 1.0
     """share of each step's prefill chunk and of the sequence slots that batch-class requests
     may take, in [0, 1] (settable at run time with ``Engine.set_batch_share``)"""
@@ -152,6 +161,9 @@ class Engine:
                 f"of prefill ({self.memory.activation_bytes(self.block_size)} bytes)")
 
         self.requests: list[Request] = []
+        """every request added (``config.keep_requests``), or those not yet ended"""
+        self._num_added = 0
+        self._ended = SummaryAccumulator()  # the run summary's inputs, one entry per ended request
         self._pending: list[Request] = []  # not yet arrived, sorted by arrival
         self._next_pending = 0
         self.waiting: deque[Request] = deque()  # interactive, on time
@@ -179,6 +191,7 @@ class Engine:
         self.num_iterations = 0
         self.num_fast_stretches = 0
         self._interval = IntervalStats(start_s=0.0)
+        self._num_dropped = 0  # ended requests still in ``requests`` (keep_requests=False)
 
     # ------------------------------------------------------------------ workload
     def add_requests(self, arrival_s: Sequence[float], prompt_tokens: Sequence[int],
@@ -192,13 +205,16 @@ class Engine:
         classes = self.config.slo_classes
         default = self.config.default_slo_class
         last = self._pending[-1].arrival_s if len(self._pending) > self._next_pending else self.now
-        base_id = len(self.requests)
+        base_id = self._num_added
         new = []
         for i in range(n):
             t = float(arrival_s[i])
             if not t >= last:
                 raise ValueError(f"request {i}: arrival {t} is before {last} (arrivals must be "
                                  "sorted and not in the engine's past)")
+            if not t <= MAX_ARRIVAL_S:
+                raise ValueError(f"request {i}: arrival {t:g} s is past the engine's limit of "
+                                 f"{MAX_ARRIVAL_S:g} s (MAX_ARRIVAL_S)")
             last = t
             cls = default if slo_class is None else str(slo_class[i])
             target = classes.get(cls)
@@ -208,6 +224,7 @@ class Engine:
             new.append(Request(base_id + i, t, int(prompt_tokens[i]), int(output_tokens[i]), cls,
                                target.ttft_target_s(int(prompt_tokens[i])), target.tpot_s,
                                target.deadline_s))
+        self._num_added += n
         self.requests.extend(new)
         self._pending.extend(new)
 
@@ -230,6 +247,14 @@ class Engine:
         if (not self._fcfs or self.waiting_batch) and self._deadlines:
             wake = min(wake, self._deadlines[0][0])  # a batch request expires, a late one goes
         return wake
+
+    def is_idle(self) -> bool:
+        """Nothing waiting or running: the engine can only wait for its next arrival."""
+        return not self.waiting and not self.running
+
+    def next_arrival_s(self) -> float:
+        """When the next request not yet arrived arrives (inf when there is none)."""
+        return self._next_arrival_s()
 
     def _next_arrival_s(self) -> float:
         if self._next_pending < len(self._pending):
@@ -273,6 +298,15 @@ class Engine:
                 self._next_pending = 0
 
     # ------------------------------------------------------------------ outcomes
+    def _ended_request(self, r: Request) -> None:
+        """Account for a request that just ended, and drop it unless every request is kept."""
+        self._ended.add(r)
+        if not self.config.keep_requests:
+            self._num_dropped += 1
+            if self._num_dropped > 1024 and self._num_dropped * 2 > len(self.requests):
+                self.requests = [q for q in self.requests if q.status < Status.FINISHED]
+                self._num_dropped = 0
+
     def _violation(self, r: Request) -> None:
         """Count ``r``'s SLO miss, once."""
         if not r.violation_counted:
@@ -285,6 +319,7 @@ class Engine:
         r.status = Status.REJECTED
         r.reject_reason = reason
         r.finish_s = self.now
+        self._ended_request(r)
         if reason != RejectReason.ABORTED:
             self._interval.rejected += 1
             self._violation(r)
@@ -294,6 +329,7 @@ class Engine:
         r.finish_s = self.now
         self.pool.free(r.block_ids)
         r.block_ids = []
+        self._ended_request(r)
         iv = self._interval
         iv.finished += 1
         if r.is_batch:
@@ -835,7 +871,10 @@ class Engine:
     def run_to_completion(self, max_time_s: float = math.inf) -> None:
         """Run until every request has finished or been rejected (or ``max_time_s``)."""
         while self.has_work() and self.now < max_time_s:
-            self.run_until(min(self.now + 60.0, max_time_s))
+            t = self.now + 60.0
+            if not self.waiting and not self.running:
+                t = max(t, self._next_arrival_s())  # idle: jump straight to the next arrival
+            self.run_until(min(t, max_time_s))
 
     def fork(self, horizon_s: float = math.inf) -> Engine:
         """An independent copy of the engine now, to try settings ahead (a lookahead oracle).
@@ -950,9 +989,10 @@ class Engine:
 
     def summary(self) -> RunSummary:
         self._account_memory()
-        return summarize(self.requests, self.now, self.num_preemptions, self.num_ooms,
-                         self.num_iterations, self.kv_gib_s,
-                         (self.cotenant_served_gib_s, self.cotenant_demand_gib_s))
+        return self._ended.summary(
+            (r for r in self.requests if r.status < Status.FINISHED), self.now,
+            self.num_preemptions, self.num_ooms, self.num_iterations, self.kv_gib_s,
+            (self.cotenant_served_gib_s, self.cotenant_demand_gib_s))
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (for tests and debugging)."""

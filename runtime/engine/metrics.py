@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -181,63 +182,110 @@ class RunSummary:
         return dict(self.__dict__)
 
 
+class SummaryAccumulator:
+    """What a run summary needs from the requests that ended, taken as each one ends, so that the
+    engine can drop ended requests and still summarise the run exactly: the counts, and each
+    finished interactive request's TTFT and TPOT (8 bytes each, in compact arrays, for exact
+    percentiles)."""
+
+    __slots__ = ("num", "finished", "rejected", "met", "reasons", "ttfts", "tpots", "num_batch",
+                 "batch_met", "batch_decided", "batch_tokens", "late")
+
+    def __init__(self) -> None:
+        self.num = 0
+        self.finished = 0
+        self.rejected = 0
+        """rejections that count against attainment (aborted ones do not)"""
+        self.met = 0
+        self.reasons: dict[str, int] = {}
+        self.ttfts = array("d")
+        self.tpots = array("d")
+        self.num_batch = 0
+        self.batch_met = 0
+        self.batch_decided = 0
+        self.batch_tokens = 0
+        self.late = 0
+
+    def add(self, r: Request) -> None:
+        """Account for ``r``, which has just finished or been rejected."""
+        self.num += 1
+        self.late += r.is_late
+        batch = r.is_batch
+        self.num_batch += batch
+        if r.status == Status.FINISHED:
+            assert r.first_token_s is not None and r.finish_s is not None
+            self.finished += 1
+            ok = r.meets_slo()
+            self.met += ok
+            if batch:
+                self.batch_decided += 1
+                if ok:
+                    self.batch_met += 1
+                    self.batch_tokens += r.prompt_tokens + r.output_tokens
+                return
+            self.ttfts.append(r.first_token_s - r.arrival_s)
+            if r.output_tokens >= 2:
+                self.tpots.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1))
+        elif r.status == Status.REJECTED:
+            assert r.reject_reason is not None
+            reason = r.reject_reason.value
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
+            if r.reject_reason != RejectReason.ABORTED:
+                self.rejected += 1
+                self.batch_decided += batch
+
+    def summary(self, in_flight: Iterable[Request], sim_seconds: float, preemptions: int,
+                ooms: int, iterations: int, kv_gib_s: float = 0.0,
+                cotenant_gib_s: tuple[float, float] = (0.0, 0.0)) -> RunSummary:
+        """The run's figures, with ``in_flight`` the requests that have not ended. TTFT and TPOT
+        percentiles are over interactive requests (a batch request's are not judged);
+        ``cotenant_gib_s`` is (served, demanded)."""
+        n, n_batch, late, batch_open = self.num, self.num_batch, self.late, 0
+        for r in in_flight:
+            n += 1
+            late += r.is_late
+            n_batch += r.is_batch
+            batch_open += r.is_batch
+        met, finished, rejected = self.met, self.finished, self.rejected
+        batch_met = self.batch_met
+        decided = finished + rejected
+        i_met, i_decided = met - batch_met, decided - self.batch_decided
+        served, demanded = cotenant_gib_s
+        ttfts, tpots = self.ttfts, self.tpots
+        return RunSummary(
+            requests=n, finished=finished, rejected=rejected,
+            rejected_by_reason=dict(self.reasons), met=met,
+            slo_attainment=met / decided if decided else 1.0,
+            goodput_rps=met / sim_seconds if sim_seconds > 0 else 0.0,
+            throughput_rps=finished / sim_seconds if sim_seconds > 0 else 0.0,
+            ttft_p50_s=percentile(ttfts, 50), ttft_p90_s=percentile(ttfts, 90),
+            ttft_p99_s=percentile(ttfts, 99),
+            tpot_p50_s=percentile(tpots, 50), tpot_p90_s=percentile(tpots, 90),
+            tpot_p99_s=percentile(tpots, 99),
+            preemptions=preemptions, ooms=ooms, iterations=iterations, sim_seconds=sim_seconds,
+            interactive_requests=n - n_batch,
+            interactive_attainment=i_met / i_decided if i_decided else 1.0,
+            batch_requests=n_batch, batch_met=batch_met,
+            batch_goodput_tps=self.batch_tokens / sim_seconds if sim_seconds > 0 else 0.0,
+            batch_unfinished=batch_open, late=late,
+            mean_kv_gib=kv_gib_s / sim_seconds if sim_seconds > 0 else 0.0,
+            cotenant_served_share=served / demanded if demanded > 0 else 1.0,
+        )
+
+
 def summarize(requests: Iterable[Request], sim_seconds: float, preemptions: int, ooms: int,
               iterations: int, kv_gib_s: float = 0.0,
               cotenant_gib_s: tuple[float, float] = (0.0, 0.0)) -> RunSummary:
-    """The run's figures. TTFT and TPOT percentiles are over interactive requests (a batch
-    request's are not judged); ``cotenant_gib_s`` is (served, demanded)."""
-    ttfts, tpots = [], []
-    n = finished = rejected = met = 0
-    n_batch = batch_met = batch_decided = batch_tokens = batch_open = late = 0
-    reasons: dict[str, int] = {}
+    """The run's figures from every request (see :meth:`SummaryAccumulator.summary`)."""
+    acc = SummaryAccumulator()
+    in_flight = []
     for r in requests:
-        n += 1
-        late += r.is_late
-        batch = r.is_batch
-        n_batch += batch
-        if r.status == Status.FINISHED:
-            assert r.first_token_s is not None and r.finish_s is not None
-            finished += 1
-            ok = r.meets_slo()
-            met += ok
-            if batch:
-                batch_decided += 1
-                if ok:
-                    batch_met += 1
-                    batch_tokens += r.prompt_tokens + r.output_tokens
-                continue
-            ttfts.append(r.first_token_s - r.arrival_s)
-            if r.output_tokens >= 2:
-                tpots.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1))
-        elif r.status == Status.REJECTED:
-            assert r.reject_reason is not None
-            reasons[r.reject_reason.value] = reasons.get(r.reject_reason.value, 0) + 1
-            if r.reject_reason != RejectReason.ABORTED:
-                rejected += 1
-                batch_decided += batch
+        if r.status >= Status.FINISHED:
+            acc.add(r)
         else:
-            batch_open += batch
-    decided = finished + rejected
-    i_met, i_decided = met - batch_met, decided - batch_decided
-    served, demanded = cotenant_gib_s
-    return RunSummary(
-        requests=n, finished=finished, rejected=rejected, rejected_by_reason=reasons, met=met,
-        slo_attainment=met / decided if decided else 1.0,
-        goodput_rps=met / sim_seconds if sim_seconds > 0 else 0.0,
-        throughput_rps=finished / sim_seconds if sim_seconds > 0 else 0.0,
-        ttft_p50_s=percentile(ttfts, 50), ttft_p90_s=percentile(ttfts, 90),
-        ttft_p99_s=percentile(ttfts, 99),
-        tpot_p50_s=percentile(tpots, 50), tpot_p90_s=percentile(tpots, 90),
-        tpot_p99_s=percentile(tpots, 99),
-        preemptions=preemptions, ooms=ooms, iterations=iterations, sim_seconds=sim_seconds,
-        interactive_requests=n - n_batch,
-        interactive_attainment=i_met / i_decided if i_decided else 1.0,
-        batch_requests=n_batch, batch_met=batch_met,
-        batch_goodput_tps=batch_tokens / sim_seconds if sim_seconds > 0 else 0.0,
-        batch_unfinished=batch_open, late=late,
-        mean_kv_gib=kv_gib_s / sim_seconds if sim_seconds > 0 else 0.0,
-        cotenant_served_share=served / demanded if demanded > 0 else 1.0,
-    )
+            in_flight.append(r)
+    return acc.summary(in_flight, sim_seconds, preemptions, ooms, iterations, kv_gib_s,
+                       cotenant_gib_s)
 
 
 def burst_onsets(arrival_rate: Sequence[float], interval_s: float, *, factor: float = 3.0,

@@ -21,20 +21,26 @@ async def healthz() -> HealthOut:
 async def readyz(services: ServicesDep, response: Response) -> ReadyOut:
     """Ready means the service answers decisions. With no policy the PID answers, and that
     counts as ready (the PID is the designed fallback) unless BATCHPILOT_REQUIRE_POLICY is set,
-    when it is 503 until a policy is loaded. An open circuit is ready: the PID has control on
-    purpose."""
+    when it is 503 until the policy actually decides. ``source`` is who actually decided most
+    of the last minute's decisions (a loaded policy whose answers are all refused is not
+    deciding), with the share of fallbacks over that minute."""
     decider = services.decider
     policy = decider.policy
-    if policy is None:
-        ready = not services.settings.require_policy
-        out = ReadyOut(ready=ready, source="pid", policy_version=None,
-                       reason=decider.missing_reason)
-    elif decider.breaker.state == "open":
-        out = ReadyOut(ready=True, source="pid", policy_version=policy.policy_version,
-                       reason=CIRCUIT_OPEN)
-    else:
-        out = ReadyOut(ready=True, source="policy", policy_version=policy.policy_version,
-                       reason=None)
-    if not out.ready:
+    recent = decider.recent.summary()
+    source, reason = recent["source"], recent["top_reason"]
+    if source is None:  # no decision yet: who would decide an ordinary observation now
+        if policy is None:
+            source, reason = "pid", decider.missing_reason
+        elif not decider.breaker.is_closed():
+            source, reason = "pid", CIRCUIT_OPEN
+        else:
+            source, reason = "policy", None
+    elif source == "policy":
+        reason = None
+    ready = source == "policy" or not services.settings.require_policy
+    if not ready:
         response.status_code = 503
-    return out
+    return ReadyOut(ready=ready, source=source,
+                    policy_version=policy.policy_version if policy is not None else None,
+                    reason=reason, fallback_share_1m=recent["fallback_share"],
+                    decisions_1m=recent["decisions"])

@@ -2,23 +2,37 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, HTTPException
 
 from runtime.api.deps import ReloadAuth, ServicesDep
 from runtime.api.schemas import PolicyOut, ReloadRequest
+from runtime.api.settings import resolve_in_folder
 from runtime.decider.decision import MODEL_MISSING
 from runtime.decider.guard import GuardedDecider
 from runtime.decider.onnx_policy import PolicyLoadError
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"])
 
+OUTSIDE_FOLDER = "outside policy folder"
+"""``batchpilot_reloads_total`` outcome of a name that leads out of the folder (400)"""
+_FOLDERS = re.compile(r"(?:/[^/\s'\"]+)+/(?=[^/\s'\"]+)")
+"""the folder part of an absolute path in a message"""
+
+
+def without_folders(message: str | None) -> str | None:
+    """``message`` with every absolute path cut to its file name: the server's folder layout is
+    not the client's business (``GET /v1/policy`` needs no token)."""
+    return _FOLDERS.sub("", message) if message is not None else None
+
 
 def policy_out(decider: GuardedDecider) -> PolicyOut:
     info = decider.describe()
     if info["policy"] is not None:
-        # the file name only: the server's folder layout is not the client's business
         path = info["policy"].pop("path")
         info["policy"]["name"] = path.rsplit("/", 1)[-1] if path else None
+    info["last_error"] = without_folders(info["last_error"])
     return PolicyOut.model_validate(info)
 
 
@@ -33,7 +47,8 @@ async def get_policy(services: ServicesDep) -> PolicyOut:
              responses={401: {"description": "missing or wrong bearer token"},
                         403: {"description": "reload is disabled (no token configured)"},
                         404: {"description": "no such file in the policy folder"},
-                        400: {"description": "the name resolves outside the policy folder"},
+                        400: {"description": "the name resolves outside the policy folder, or "
+                                             "cannot be resolved (a symlink loop)"},
                         422: {"description": "invalid name, or the model was refused; the old "
                                              "policy stays"}})
 def reload_policy(body: ReloadRequest, _auth: ReloadAuth, services: ServicesDep) -> PolicyOut:
@@ -42,10 +57,11 @@ def reload_policy(body: ReloadRequest, _auth: ReloadAuth, services: ServicesDep)
     policy in place."""
     # a plain def: loading takes tens of milliseconds, so it runs in the thread pool
     decider, metrics = services.decider, services.metrics
-    folder = services.settings.policy_dir.resolve()
-    path = (folder / body.name).resolve()
-    if path.parent != folder:  # a symlink that leads out of the folder
-        raise HTTPException(400, f"{body.name!r} resolves outside the policy folder")
+    try:
+        path = resolve_in_folder(services.settings.policy_dir, body.name)
+    except ValueError as e:  # a symlink that leads out of the folder, or a symlink loop
+        metrics.reloads.labels(OUTSIDE_FOLDER).inc()
+        raise HTTPException(400, str(e)) from None
     try:
         decider.reload(path)
     except PolicyLoadError as e:
@@ -53,7 +69,7 @@ def reload_policy(body: ReloadRequest, _auth: ReloadAuth, services: ServicesDep)
         kept = decider.policy.policy_version if decider.policy is not None else None
         status = 404 if e.reason == MODEL_MISSING else 422
         raise HTTPException(status, {"reason": e.reason,
-                                     "message": e.message.replace(str(folder) + "/", ""),
+                                     "message": without_folders(e.message),
                                      "kept_policy_version": kept}) from None
     metrics.reloads.labels("ok").inc()
     return policy_out(decider)

@@ -1,0 +1,47 @@
+"""How a command line names the engine's SLO classes and levers: one dataclass that the arena's
+and the replay's typed configs both inherit, so the flags and their meaning are written once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import tyro
+
+from env.traces.cotenant import cotenant_demand
+from runtime.engine.admission import AdmissionPolicy
+from runtime.engine.engine import EngineConfig
+from runtime.engine.slo import slo_classes_from_arg
+
+
+@dataclass
+class EngineChoice:
+    """The SLO classes and the engine's levers (``--slo --batch-share --admission
+    --admission-slack --cotenant``)."""
+
+    slo: str | None = None
+    """SLO classes: a preset (default, long-context) or name:ttft_s:tpot_s[:deadline_s],...,
+    ttft_s optionally BASE+SECONDS/tok (default: the engine's DEFAULT_SLO_CLASSES)"""
+    batch_share: float = EngineConfig.batch_share
+    """share of each step's chunk, of the sequence slots and of the KV blocks that batch-class
+    requests may take"""
+    admission: Annotated[AdmissionPolicy, tyro.conf.EnumChoicesFromValues] = AdmissionPolicy(
+        EngineConfig.admission)
+    """what happens to interactive requests late for their first token"""
+    admission_slack: float = EngineConfig.admission_slack
+    """a request is late after waiting this many TTFT targets without a first token"""
+    cotenant: bool = False
+    """lend the memory the engine leaves to the default co-tenant demand
+    (env/traces/cotenant.py) and report the share served"""
+
+    def engine_config(self, *, seed: int = 0, **fields: Any) -> EngineConfig:
+        """The engine config these flags name (``seed``: the co-tenant demand's; ``fields``:
+        any other EngineConfig fields). Raises ValueError on a bad SLO list."""
+        config = EngineConfig(batch_share=self.batch_share, admission=self.admission.value,
+                              admission_slack=self.admission_slack,
+                              cotenant=cotenant_demand(seed=seed) if self.cotenant else None,
+                              **fields)
+        if self.slo:
+            config.slo_classes = slo_classes_from_arg(self.slo)
+            config.default_slo_class = next(iter(config.slo_classes))
+        return config
