@@ -229,8 +229,8 @@ def test_in_the_arena_the_oracle_leaves_its_anchor_when_another_setting_meets_mo
     anchor = Knobs(5.0, 64, 0.5)
     oracle = make_controller(ORACLE, EvalSpec("synthetic", "eval", None, 0.25))
     assert isinstance(oracle, LookaheadOracle) and short_name(ORACLE) == "oracle (upper bound)"
-    oracle = LookaheadOracle(OracleConfig(horizon_s=3.0, candidates="chunk=64,2048;ratio=0.5"),
-                             anchor=anchor)
+    oracle = LookaheadOracle(OracleConfig(horizon_s=3.0, candidates="chunk=64,2048;ratio=0.5",
+                                          rollout=False), anchor=anchor)
     profile = hand_profile()
     static = run_episode(window, StaticController(anchor), interval_s=0.25, profile=profile)
     ahead = run_episode(window, oracle, interval_s=0.25, profile=profile)
