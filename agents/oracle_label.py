@@ -34,6 +34,7 @@ import numpy as np
 from agents.oracle import (
     LookaheadOracle,
     OracleConfig,
+    Setting,
     setting_names,
     setting_vector,
 )
@@ -79,7 +80,12 @@ class LabelConfig:
     profile: str | None = None
     """executor profile file (default: the shipped roofline H200 profile)"""
     progress: bool = True
-    """show a progress bar on stderr"""
+    """show a progress bar on stderr (a tick per window)"""
+    workers: int = 1
+    """windows labelled at once: local processes, or the CPUs of a local Ray with --ray"""
+    ray: bool = False
+    """label on Ray: the cluster at RAY_ADDRESS or a local Ray of --workers CPUs (docs/ray.md);
+    RAY_ADDRESS alone also does"""
     oracle: OracleConfig = field(init=False)
     """the oracle's configuration, built from the fields above (one search per interval)"""
 
@@ -92,6 +98,8 @@ class LabelConfig:
             raise ValueError(f"LabelConfig.rate_scales must be positive, got {self.rate_scales}")
         if not self.interval_s > 0:
             raise ValueError(f"LabelConfig.interval_s must be positive, got {self.interval_s}")
+        if self.workers < 1:
+            raise ValueError(f"LabelConfig.workers must be >= 1, got {self.workers}")
         self.oracle = OracleConfig(period_s=self.interval_s, horizon_s=self.horizon_s,
                                    candidates=self.candidates,
                                    violation_weight=self.violation_weight)
@@ -117,6 +125,15 @@ class Labels:
 
     def __len__(self) -> int:
         return len(self.observations)
+
+    def extend(self, other: Labels) -> None:
+        """Append ``other``'s labels and add its costs."""
+        for name in ("observations", "settings", "actions", "scores", "window", "t_s",
+                     "rate_scale"):
+            getattr(self, name).extend(getattr(other, name))
+        self.sim_s += other.sim_s
+        self.wall_s += other.wall_s
+        self.cpu_s += other.cpu_s
 
 
 def label_window(window: Trace, oracle: LookaheadOracle, labels: Labels, *, index: int = 0,
@@ -169,29 +186,37 @@ def draw_windows(cfg: LabelConfig) -> list[tuple[Trace, float]]:
     return out
 
 
+def _label_job(job: tuple[LabelConfig, Setting | None, int, Trace, float]) -> Labels:
+    """One window's labels, by a fresh oracle: a window is an episode of its own, so the
+    windows can be labelled in any order, on any worker, with the same result."""
+    cfg, anchor, index, window, scale = job
+    oracle = LookaheadOracle(cfg.oracle, anchor=anchor, interval_s=cfg.interval_s)
+    labels = Labels()
+    label_window(window, oracle, labels, index=index, scale=scale, interval_s=cfg.interval_s,
+                 profile=Profile.load(cfg.profile))
+    return labels
+
+
 def label(cfg: LabelConfig) -> tuple[Labels, LookaheadOracle]:
-    """Label ``cfg.windows`` windows; returns the labels and the oracle that made them."""
-    profile = Profile.load(cfg.profile)
+    """Label ``cfg.windows`` windows, ``cfg.workers`` at a time (:class:`agents.parallel.
+    JobRunner`); returns the labels, in window order, and an oracle of the configuration that
+    made them. ``wall_s`` is the whole labelling's elapsed time, ``cpu_s`` the workers' sum."""
+    from agents.parallel import run_jobs
+
     anchor = None
     if cfg.anchor:
         from agents.controllers.best_static import best_static_knobs
 
-        anchor = best_static_knobs(cfg.trace, part="train", profile_path=cfg.profile)
-    oracle = LookaheadOracle(cfg.oracle, anchor=anchor, interval_s=cfg.interval_s)
-    windows = draw_windows(cfg)
+        anchor = Setting(best_static_knobs(cfg.trace, part="train", profile_path=cfg.profile))
+    jobs = [(cfg, anchor, i, window, scale) for i, (window, scale) in enumerate(draw_windows(cfg))]
+    t0 = time.perf_counter()
+    parts = run_jobs(_label_job, jobs, workers=cfg.workers, ray=cfg.ray or None,
+                     progress=cfg.progress, desc="oracle label windows")
     labels = Labels()
-    bar = None
-    if cfg.progress:
-        from tqdm import tqdm
-
-        total = sum(int(w.arrival_s[-1] / cfg.interval_s) + 1 for w, _ in windows)
-        bar = tqdm(total=total, unit="label", file=sys.stderr, desc="oracle labels")
-    for i, (window, scale) in enumerate(windows):
-        label_window(window, oracle, labels, index=i, scale=scale, interval_s=cfg.interval_s,
-                     profile=profile, on_label=bar.update if bar is not None else None)
-    if bar is not None:
-        bar.close()
-    return labels, oracle
+    for part in parts:
+        labels.extend(part)
+    labels.wall_s = time.perf_counter() - t0
+    return labels, LookaheadOracle(cfg.oracle, anchor=anchor, interval_s=cfg.interval_s)
 
 
 def save(labels: Labels, oracle: LookaheadOracle, cfg: LabelConfig) -> Path:

@@ -298,3 +298,17 @@ def test_the_admission_lever_is_set_on_the_forks_only_and_shows_by_name():
     with pytest.raises(ValueError, match="admission='drop' is not one of fcfs, shed, "
                                          "late_to_back"):
         parse_candidates("admission=drop")
+
+
+def test_labelling_on_two_workers_gives_the_labels_of_one(tmp_path):
+    """Each window is labelled by a fresh oracle, so the executor's workers cannot change a
+    label: the two runs agree digit for digit."""
+    args = ["--trace", "synthetic", "--windows", "3", "--window-s", "3", "--rate-scales", "1", "2",
+            "--horizon-s", "2", "--candidates", "chunk=256,4096", "--no-anchor", "--no-progress"]
+    one, two = tmp_path / "one.npz", tmp_path / "two.npz"
+    assert oracle_label.main([*args, "--out", str(one)]) == 0
+    assert oracle_label.main([*args, "--workers", "2", "--out", str(two)]) == 0
+    a, b = np.load(one), np.load(two)
+    assert len(a["observations"]) > 10
+    for key in ("observations", "settings", "actions", "scores", "window", "t_s", "rate_scale"):
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
