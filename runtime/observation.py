@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.knobs import KNOB_SPECS, Knobs, action_to_knobs, knobs_to_action
+from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, Knobs, action_to_knobs, knobs_to_action
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +155,20 @@ def _vector(values: list[float], knobs: Knobs) -> np.ndarray:
             out.append((x - low) / denom)
     out.extend(knobs_to_action(knobs))
     return np.array(out, dtype=np.float32)
+
+
+def example_fields(knobs: Knobs | None = None) -> dict[str, float]:
+    """A plausible named observation, in spec order: moderate load (40 requests/s, 60 running,
+    KV 70% used), SLOs met, and ``knobs`` (the static default when None). For examples, tests
+    and load generators; not a default for anything."""
+    return {
+        "arrival_rate_rps": 40.0, "arrival_rate_change_rps": -3.0, "prompt_tokens_mean": 900.0,
+        "prompt_tokens_std": 400.0, "waiting_requests": 5.0, "waiting_prompt_tokens": 4500.0,
+        "running_requests": 60.0, "kv_utilization": 0.7, "kv_fragmentation": 0.1,
+        "preemptions": 0.0, "ooms": 0.0, "ttft_p99_ratio": 0.6, "tpot_p99_ratio": 0.8,
+        "slo_attainment": 0.97, "ttft_p99_ratio_prev": 0.5, "tpot_p99_ratio_prev": 0.7,
+        "kv_utilization_prev": 0.65, **(knobs or DEFAULT_KNOBS).as_dict(),
+    }
 
 
 def vector_from_fields(fields: Mapping[str, Any]) -> np.ndarray:

@@ -42,20 +42,12 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.knobs import DEFAULT_KNOBS
-from runtime.observation import OBSERVATION_NAMES
+from runtime.observation import OBSERVATION_NAMES, example_fields
 
 REPO = Path(__file__).resolve().parents[1]
 """the checkout whose server is soaked (run the script with PYTHONPATH set to it)"""
 
-OBSERVATION = {
-    "arrival_rate_rps": 40.0, "arrival_rate_change_rps": -3.0, "prompt_tokens_mean": 900.0,
-    "prompt_tokens_std": 400.0, "waiting_requests": 5.0, "waiting_prompt_tokens": 4500.0,
-    "running_requests": 60.0, "kv_utilization": 0.7, "kv_fragmentation": 0.1,
-    "preemptions": 0.0, "ooms": 0.0, "ttft_p99_ratio": 0.6, "tpot_p99_ratio": 0.8,
-    "slo_attainment": 0.97, "ttft_p99_ratio_prev": 0.5, "tpot_p99_ratio_prev": 0.7,
-    "kv_utilization_prev": 0.65, **DEFAULT_KNOBS.as_dict(),
-}
+OBSERVATION = example_fields()
 JSON = {"content-type": "application/json"}
 
 

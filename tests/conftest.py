@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from runtime.knobs import DEFAULT_KNOBS, Knobs
-from runtime.observation import OBSERVATION_NAMES, vector_from_fields
+from runtime.observation import OBSERVATION_NAMES, example_fields, vector_from_fields
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 """committed test policies: ``policy-test-1.onnx`` and ``policy-test-2.onnx``, written by
@@ -59,15 +59,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 def raw_fields(knobs: Knobs = DEFAULT_KNOBS, **overrides: float) -> dict[str, float]:
     """A plausible named observation: moderate load, SLOs met, the given knobs."""
-    f = {
-        "arrival_rate_rps": 40.0, "arrival_rate_change_rps": -3.0, "prompt_tokens_mean": 900.0,
-        "prompt_tokens_std": 400.0, "waiting_requests": 5.0, "waiting_prompt_tokens": 4500.0,
-        "running_requests": 60.0, "kv_utilization": 0.7, "kv_fragmentation": 0.1,
-        "preemptions": 0.0, "ooms": 0.0, "ttft_p99_ratio": 0.6, "tpot_p99_ratio": 0.8,
-        "slo_attainment": 0.97, "ttft_p99_ratio_prev": 0.5, "tpot_p99_ratio_prev": 0.7,
-        "kv_utilization_prev": 0.65,
-        **knobs.as_dict(),
-    }
+    f = example_fields(knobs)
     f.update(overrides)
     assert list(f) == list(OBSERVATION_NAMES)
     return f

@@ -14,13 +14,13 @@ from env.traces.locations import TRACES_DIR_ENV, azure_trace_path, traces_dir
 from env.traces.mooncake import read_mooncake
 from env.traces.plain_csv import read_plain_csv
 from env.traces.synthetic import (
-                                  AZURE_CONV_TARGETS,
-                                  bursty,
-                                  default_trace,
-                                  diurnal,
-                                  on_off,
-                                  poisson,
-                                  ramp,
+    AZURE_CONV_TARGETS,
+    bursty,
+    default_trace,
+    diurnal,
+    on_off,
+    poisson,
+    ramp,
 )
 from env.traces.trace import Trace
 from env.traces.transforms import TRAIN_SPLIT_S, jitter, rate_scale, split, time_window

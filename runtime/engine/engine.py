@@ -903,7 +903,8 @@ class Engine:
         memo[id(self.executor)] = fork_executor()
         memo[id(self.pool)] = self.pool.copy()
         memo[id(self._pending)] = pending
-        memo[id(self.requests)] = copies = []
+        copies: list[Request] = []
+        memo[id(self.requests)] = copies
         # Requests in flight, in whatever queue holds them, are cloned once each as the deep copy
         # meets them (Request.__deepcopy__); deadline entries of finished requests are dropped.
         state = dict(self.__dict__)
