@@ -50,10 +50,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 from runtime.decider.breaker import CircuitBreaker
 from runtime.decider.guard import GuardedDecider
-from runtime.decider.onnx_policy import OnnxPolicy, PolicyLoadError
+from runtime.decider.onnx_policy import SPEC_VERSION_KEY, OnnxPolicy, PolicyLoadError
 from runtime.knobs import Knobs
 from runtime.locations import shipped_policy_dir
-from runtime.observation import OBSERVATION_NAMES, vector_from_fields
+from runtime.observation import (
+    OBSERVATION_NAMES,
+    SPEC_ADAPTERS,
+    adapt_vector,
+    vector_from_fields,
+)
 
 BATCH_SIZE = 256
 GOALS = {  # key: (comparison, bound)
@@ -130,7 +135,8 @@ def observation_pool(n: int, seed: int = 0) -> list[dict[str, float]]:
 def numpy_floor(path: Path) -> Callable[[np.ndarray], np.ndarray]:
     """The policy's graph as plain numpy calls, for a 1-D observation. Understands the chains the
     exporters write (Gemm/MatMul/Add/Sub/Mul/Div with constant operands, Tanh, Relu, Clip);
-    raises ValueError on anything else."""
+    raises ValueError on anything else. A policy of an older spec gets today's vector adapted to
+    its spec first, as the runtime feeds it (:data:`runtime.observation.SPEC_ADAPTERS`)."""
     import onnx
     from onnx import numpy_helper
 
@@ -141,6 +147,9 @@ def numpy_floor(path: Path) -> Callable[[np.ndarray], np.ndarray]:
         if node.op_type == "Constant":
             consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t).astype(np.float32)
     steps: list[Callable[[np.ndarray], np.ndarray]] = []
+    spec = {m.key: m.value for m in model.metadata_props}.get(SPEC_VERSION_KEY)
+    if spec in SPEC_ADAPTERS:
+        steps.append(lambda x, f=SPEC_ADAPTERS[spec]: adapt_vector(x, f))
     current = g.input[0].name
     for node in g.node:
         if node.op_type == "Constant":
