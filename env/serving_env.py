@@ -18,7 +18,7 @@ from runtime.decider.guard import DEFAULT_MAX_STEP, slew_limit_one
 from runtime.engine.engine import EngineConfig
 from runtime.engine.factory import make_executor
 from runtime.engine.profile import Profile
-from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, NUM_KNOBS, action_to_knobs, knobs_to_action
+from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, NUM_KNOBS, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM, OBS_HIGH, OBS_LOW, observation_table
 from runtime.session import DEFAULT_INTERVAL_S
 
@@ -134,6 +134,9 @@ class ServingEnv(gym.Env):
         self.action_space = spaces.Box(-1.0, 1.0, shape=(NUM_KNOBS,), dtype=np.float32)
         self.observation_space = spaces.Box(OBS_LOW, OBS_HIGH, dtype=np.float32)
         self.session: ServingSession | None = None
+        self._current: tuple = (None, ())
+        """(the engine's knobs, their action coordinates): converted once per change, not once
+        per step (the slew limit needs them every step)"""
         self.rate_scale = 1.0
         self.start_s = 0.0
         self._last: dict[str, Any] = {}
@@ -177,8 +180,10 @@ class ServingEnv(gym.Env):
         values = action.tolist() if hasattr(action, "tolist") else list(action)
         if len(values) != NUM_KNOBS:
             raise ValueError(f"an action has {NUM_KNOBS} components, got {len(values)}")
-        knobs = action_to_knobs(slew_limit_one(*values, knobs_to_action(self.session.engine.knobs),
-                                               self.max_step))
+        knobs_now = self.session.engine.knobs
+        if knobs_now is not self._current[0]:
+            self._current = (knobs_now, knobs_to_action(knobs_now))
+        knobs = action_to_knobs(slew_limit_one(*values, self._current[1], self.max_step))
         result = self.session.step(knobs)
         truncated = self.session.window_over
         info = self._info(result)
@@ -189,17 +194,18 @@ class ServingEnv(gym.Env):
 
     def _info(self, result) -> dict[str, Any]:
         s = result.stats
+        duration = s.end_s - s.start_s
         info = {
             "time_s": s.end_s, "rate_scale": self.rate_scale, "window_start_s": self.start_s,
             "slo_attainment": s.slo_attainment, "met": s.met, "violations": s.violations,
             "finished": s.finished, "arrivals": s.arrivals,
-            "goodput_rps": s.met / s.duration_s if s.duration_s > 0 else 0.0,
+            "goodput_rps": s.met / duration if duration > 0 else 0.0,
             "ttft_p99_ratio": s.ttft_p99_ratio, "tpot_p99_ratio": s.tpot_p99_ratio,
             "preemptions": s.preemptions, "ooms": s.ooms, "waiting": s.waiting,
             "running": s.running, "kv_utilization": s.kv_utilization,
-            **{k.name: v for k, v in zip(KNOB_SPECS, result.knobs.as_tuple())},
             "reward_terms": result.reward_terms,
         }
+        info.update(zip(KNOB_NAMES, result.knobs.as_tuple()))
         self._last = info
         return info
 
