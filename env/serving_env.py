@@ -10,10 +10,10 @@ import numpy as np
 from gymnasium import spaces
 
 from env.session import RewardWeights, ServingSession
-from env.traces import rate_scale, time_window
 from env.traces import split as split_trace
 from env.traces.resolve import resolve_trace
 from env.traces.trace import Trace
+from env.windows import cut_window, draw_window
 from runtime.decider.guard import DEFAULT_MAX_STEP, slew_limit_one
 from runtime.engine.engine import EngineConfig
 from runtime.engine.factory import make_executor
@@ -142,11 +142,6 @@ class ServingEnv(gym.Env):
         self._last: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ episode
-    def _window(self, start_s: float, scale: float) -> Trace:
-        span = self.episode_s * scale  # trace seconds that become episode_s after scaling
-        window = time_window(self.trace, start_s, start_s + span)
-        return rate_scale(window, scale) if scale != 1.0 else window
-
     def _executor(self):
         if self.executor_kind == "sim":
             return None  # ServingSession builds a simulated one from the profile
@@ -155,17 +150,22 @@ class ServingEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         options = options or {}
-        lo, hi = self.rate_scale_range
-        scale = float(options.get("rate_scale",
-                                  math.exp(self.np_random.uniform(math.log(lo), math.log(hi)))))
-        span = self.episode_s * scale
-        t0, t1 = float(self.trace.arrival_s[0]), float(self.trace.arrival_s[-1])
-        latest = max(t0, t1 - span)
-        start = float(options.get("start_s", self.np_random.uniform(t0, latest)))
-        window = self._window(start, scale)
-        while len(window) < 2:  # an empty stretch of a bursty trace: draw again
-            start = float(self.np_random.uniform(t0, latest))
-            window = self._window(start, scale)
+        if "rate_scale" in options:
+            scale = float(options["rate_scale"])
+            scale_range = (scale, scale)
+        else:
+            scale_range = self.rate_scale_range
+        if "start_s" in options:
+            start = float(options["start_s"])
+            scale = scale_range[0] if scale_range[0] == scale_range[1] else math.exp(
+                self.np_random.uniform(*np.log(scale_range)))
+        else:
+            start, scale = draw_window(self.np_random, self.trace, self.episode_s, scale_range)
+        window = cut_window(self.trace, start, scale, self.episode_s)
+        if len(window) < 2:
+            raise ValueError(f"the window of {self.episode_s:g} s at start_s={start:g} "
+                             f"(rate scale {scale:g}) holds {len(window)} requests; an episode "
+                             "needs at least 2")
         self.rate_scale, self.start_s = scale, start
         self.session = ServingSession(window, interval_s=self.interval_s, profile=self.profile,
                                       config=self.engine_config, knobs=DEFAULT_KNOBS,
