@@ -166,3 +166,83 @@ def as_arrays(labels: Labels) -> tuple[np.ndarray, np.ndarray]:
     """``(observations [n, OBS_DIM], actions [n, NUM_KNOBS])`` as float32."""
     return (np.asarray(labels.observations, dtype=np.float32),
             np.asarray(labels.actions, dtype=np.float32))
+
+
+def _policy_act(policy, venv) -> Callable[[np.ndarray], np.ndarray]:
+    """observation -> the policy's deterministic action, normalised as in training."""
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        x = venv.normalize_obs(np.asarray(obs, dtype=np.float32)[None, :])
+        with torch.no_grad():
+            a = torch.clamp(mean_actions(policy, x), -1.0, 1.0)
+        return a.numpy().reshape(-1)
+
+    return act
+
+
+def _fit_round(policy, venv, labels: Labels, cfg: ImitationConfig, seed: int,
+               new: np.ndarray) -> dict:
+    """Clone on every label not held out; the held-out error is measured on ``new`` (this
+    round's labels) before and after."""
+    obs, actions = as_arrays(labels)
+    x = venv.normalize_obs(obs)
+    train, held = split_by_window(labels, cfg.holdout)
+    held_new = held & new
+    before = action_mse(policy, x[held_new], actions[held_new]) if held_new.any() else None
+    losses = clone(policy, x[train], actions[train], epochs=cfg.epochs,
+                   batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=seed)
+    after = action_mse(policy, x[held_new], actions[held_new]) if held_new.any() else None
+    return {"labels": int(new.sum()), "labels_total": len(labels),
+            "held_out_labels": int(held_new.sum()), "held_out_mse_before": before,
+            "held_out_mse_after": after, "train_loss_first": losses[0],
+            "train_loss_last": losses[-1]}
+
+
+def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, float]]],
+               make_env: Callable[[str], object], anchors: dict[str, Setting | None],
+               cfg: ImitationConfig, *, dagger_rounds: int, interval_s: float,
+               profile: Profile | None, seed: int = 0, log=print) -> ImitationReport:
+    """Behaviour cloning on the oracle's labels of ``windows``, then ``dagger_rounds`` rounds of
+    DAgger on the same windows, the labels of every round pooled.
+
+    :param policy: the SB3 policy (its actor is trained in place)
+    :param venv: the trainer's VecNormalize: its observation statistics are updated with the
+        first round's observations and then used, unchanged, for every round
+    :param windows: per trace label, ``(window, rate_scale, start_s, pool_scale)`` of each
+        window to label (the window cut from the split, and where it came from)
+    :param make_env: a training environment of a trace (DAgger drives it)
+    :param anchors: best static's setting per trace (the oracle's first candidate)
+    """
+    report = ImitationReport()
+    t0 = time.perf_counter()
+    labels = Labels()
+    first = 0
+    for trace, ws in windows.items():
+        part = oracle_labels([(w, x) for w, x, _, _ in ws], cfg, anchors.get(trace),
+                             interval_s=interval_s, profile=profile)
+        part.window = [first + i for i in part.window]
+        labels.extend(part)
+        first += len(ws)
+    obs, _ = as_arrays(labels)
+    venv.obs_rms.update(obs.astype(np.float64))
+    row = _fit_round(policy, venv, labels, cfg, seed, np.ones(len(labels), dtype=bool))
+    report.rounds.append({"round": "bc", **row, "seconds": time.perf_counter() - t0})
+    log(f"behaviour cloning: {row['labels']} oracle labels, held-out action MSE "
+        f"{row['held_out_mse_before']} -> {row['held_out_mse_after']}")
+    for r in range(dagger_rounds):
+        t0 = time.perf_counter()
+        n_before = len(labels)
+        first = 0
+        act = _policy_act(policy, venv)
+        for trace, ws in windows.items():
+            part = visit_and_label(make_env(trace), act, [(s, x) for _, _, s, x in ws], cfg,
+                                   anchors.get(trace), first_index=first)
+            labels.extend(part)
+            first += len(ws)
+        new = np.arange(len(labels)) >= n_before
+        row = _fit_round(policy, venv, labels, cfg, seed + r + 1, new)
+        report.rounds.append({"round": f"dagger-{r + 1}", **row,
+                              "seconds": time.perf_counter() - t0})
+        log(f"DAgger round {r + 1}: {row['labels']} labels on the policy's own states, held-out "
+            f"action MSE {row['held_out_mse_before']} -> {row['held_out_mse_after']}")
+    return report
