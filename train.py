@@ -117,7 +117,8 @@ class Config:
     reward's variance; raw: the environment's reward"""
     windows: int = 64
     """windows per training trace that episodes are drawn from (env/windows.py); best static's
-    replay of each is cached; 0: a fresh window every episode (no pairing, no curriculum)"""
+    replay of each is cached; 0: a fresh window every episode (each paired with a replay of its
+    own, no curriculum)"""
     curriculum: float = 0.5
     """share of episodes drawn in proportion to what the policy loses to best static on each
     window (env/windows.py's rule); 0: uniform"""
@@ -593,7 +594,9 @@ def main(argv: list[str] | None = None, *,
     references = {t: best_static_knobs(t, part="train", profile_path=cfg.profile) for t in traces}
     for t, k in references.items():
         print(f"best static on {trace_label(t)} (train split): {k}")
-    paired = cfg.windows > 0 and (cfg.reward == "differential" or cfg.curriculum > 0)
+    # every episode is paired with best static's replay of its window when the reward is
+    # differential or the curriculum needs the gap (without a pool, each episode replays anew)
+    paired = cfg.reward == "differential" or (cfg.windows > 0 and cfg.curriculum > 0)
 
     # ---------------------------------------------------------------- W&B, environments, PPO
     mode = wandb_mode(cfg.wandb_mode)
@@ -634,7 +637,7 @@ def main(argv: list[str] | None = None, *,
         interval_s=cfg.interval_s)
     callbacks = [periodic]
     curriculum = None
-    if paired and cfg.curriculum > 0:
+    if paired and cfg.windows > 0 and cfg.curriculum > 0:
         labels = [trace_label(t) for t, _ in trace_ranges]
         curricula = {lab: Curriculum(cfg.windows, mix=cfg.curriculum) for lab in labels}
         curriculum = CurriculumCallback([labels[i % len(labels)] for i in range(cfg.n_envs)],
