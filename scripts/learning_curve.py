@@ -35,6 +35,8 @@ class Args:
     """folder of curves.json, curves.png and the runs"""
     metric: str = "gap_to_best_static"
     """the evaluation entry plotted (gap_to_best_static, mean, gap_to_oracle, ...)"""
+    replot: tuple[Path, ...] = ()
+    """curves.json files of earlier runs: plot their variants together (nothing is trained)"""
     train_args: list[str] = field(default_factory=list)
     """flags shared by every run (after ``--``)"""
 
@@ -88,7 +90,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     metric = result["metric"]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.2 + 0.25 * len(result["variants"])))
     for i, (variant, runs) in enumerate(result["variants"].items()):
         color = f"C{i}"
         curves = []
@@ -103,8 +105,8 @@ def plot(result: dict, path: Path) -> None:
     ax.axhline(0.0, color="k", lw=0.8, ls="--")
     ax.set_xlabel("training steps")
     ax.set_ylabel(f"{metric} (held-out SLO attainment)")
-    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=1)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -119,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
     args.train_args = shared
     args.out.mkdir(parents=True, exist_ok=True)
-    result = run(args)
+    if args.replot:
+        result = {"variants": {}, "metric": args.metric, "sources": [str(p) for p in args.replot]}
+        for path in args.replot:
+            result["variants"].update(json.loads(path.read_text())["variants"])
+    else:
+        result = run(args)
     result["summary"] = summarise(result)
     (args.out / "curves.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     plot(result, args.out / "curves.png")
