@@ -41,12 +41,16 @@ from typing import Any, Literal
 import numpy as np
 import tyro
 
+from env.engine_choice import EngineChoice
 from env.session import RewardWeights
 from runtime.session import DEFAULT_INTERVAL_S
 
 
 @dataclass
-class Config:
+class Config(EngineChoice):
+    """Every field is a flag; the engine's SLO classes and levers (``--slo --batch-share
+    --admission --admission-slack --cotenant``, env/engine_choice.py) come first."""
+
     preset: Literal["smoke", "default", "full"] = "default"
     """smoke (under a minute) | default (under 15 minutes on 2 cores) | full (as long as it
     takes); a preset sets the fields below that the command line does not"""
@@ -111,6 +115,10 @@ class Config:
     """reward: weight of an SLO violation against an SLO-meeting completion"""
     oom_penalty: float = RewardWeights.oom_penalty
     """reward: penalty per OOM"""
+    batch_weight: float = RewardWeights.batch_weight
+    """reward: value of a batch request finished by its deadline against an interactive one met"""
+    cotenant_value: float = RewardWeights.cotenant_value
+    """reward: value per interval of serving the co-tenant's whole demand (with --cotenant)"""
     reward: Literal["differential", "raw"] = "differential"
     """differential: each step's reward minus best static's over the same interval of the same
     window (a cached replay; env/wrappers.py), which takes the trace's share out of the
@@ -294,7 +302,9 @@ def env_kwargs_of(cfg: Config) -> dict[str, Any]:
     """The training environment's arguments."""
     return dict(split="train", episode_s=cfg.episode_s, interval_s=cfg.interval_s,
                 memory_price=cfg.memory_price, violation_weight=cfg.violation_weight,
-                oom_penalty=cfg.oom_penalty, profile=cfg.profile)
+                oom_penalty=cfg.oom_penalty, batch_weight=cfg.batch_weight,
+                cotenant_value=cfg.cotenant_value, profile=cfg.profile,
+                engine_config=cfg.engine_config(seed=cfg.seed))
 
 
 def make_env_thunks(cfg: Config, trace_ranges: list[tuple[str, tuple]], n: int,
@@ -403,11 +413,11 @@ def imitate(cfg: Config, model, venv, trace_ranges: list[tuple[str, tuple]],
     return warm_start(model.policy, venv, windows, lambda label: envs[label](), anchors, icfg,
                       dagger_rounds=cfg.dagger_rounds if cfg.warm_start == "dagger" else 0,
                       interval_s=cfg.interval_s, profile=Profile.load(cfg.profile),
-                      seed=cfg.seed)
+                      config=cfg.engine_config(seed=cfg.seed), seed=cfg.seed)
 
 
-def evaluate_controller(controller, windows: list[tuple], interval_s: float,
-                        profile) -> dict[str, float]:
+def evaluate_controller(controller, windows: list[tuple], interval_s: float, profile,
+                        config=None) -> dict[str, float]:
     """SLO attainment of one controller on each window, and their mean. ``controller`` is a
     controller, or a function of the trace that builds one (a baseline tuned per trace)."""
     from agents.arena import run_episode
@@ -416,7 +426,7 @@ def evaluate_controller(controller, windows: list[tuple], interval_s: float,
     for trace, label, s, window in windows:
         c = controller(trace) if callable(controller) and not hasattr(controller, "decide") \
             else controller
-        ep = run_episode(window, c, interval_s=interval_s, profile=profile)
+        ep = run_episode(window, c, interval_s=interval_s, profile=profile, config=config)
         out[f"{label}/x{s:g}"] = ep.summary["slo_attainment"]
     out["mean"] = float(np.mean(list(out.values())))
     return out
@@ -460,6 +470,7 @@ def final_evaluation(cfg: Config, traces: list[str], onnx_path: Path, run_dir: P
     controllers.append(f"policy:{onnx_path}")
     result = evaluate(traces, controllers, cfg.final_rate_scales, part="eval",
                       interval_s=cfg.interval_s, profile_path=cfg.profile,
+                      config=cfg.engine_config(seed=cfg.seed),
                       capacity=cfg.final_capacity, workers=cfg.workers, ray=cfg.ray or None,
                       match_static=cfg.final_match_static or None)
     plots = plot(result["rows"], run_dir / "plots")
@@ -591,7 +602,9 @@ def main(argv: list[str] | None = None, *,
           f"{cfg.total_timesteps:,} steps on {cfg.n_envs} environments -> {run_dir}")
     # best static's knobs per trace: the pairing's reference (a cached grid search; a trace of
     # one's own gets its search here, once)
-    references = {t: best_static_knobs(t, part="train", profile_path=cfg.profile) for t in traces}
+    engine_config = cfg.engine_config(seed=cfg.seed)
+    references = {t: best_static_knobs(t, part="train", profile_path=cfg.profile,
+                                       config=engine_config) for t in traces}
     for t, k in references.items():
         print(f"best static on {trace_label(t)} (train split): {k}")
     # every episode is paired with best static's replay of its window when the reward is
@@ -621,18 +634,18 @@ def main(argv: list[str] | None = None, *,
 
     def baseline(name: str):
         return lambda trace: make_controller(name, EvalSpec(trace, "eval", cfg.profile,
-                                                            cfg.interval_s))
+                                                            cfg.interval_s, engine_config))
 
     names = ("static", "pid", "best-static") + (("oracle",) if cfg.eval_oracle else ())
-    baselines = {name: evaluate_controller(baseline(name), windows, cfg.interval_s, profile)
-                 for name in names}
+    baselines = {name: evaluate_controller(baseline(name), windows, cfg.interval_s, profile,
+                                           engine_config) for name in names}
     print("periodic evaluation windows: " + ", ".join(k for k in baselines["static"]
                                                       if k != "mean"))
     for name, res in baselines.items():
         print(f"  {name:>11}: mean SLO attainment {res['mean']:.2%}")
     periodic = PeriodicEval(
         partial(evaluate_controller, windows=windows, interval_s=cfg.interval_s,
-                profile=profile),
+                profile=profile, config=engine_config),
         venv, run_dir, baselines, cfg.eval_every, on_evaluate=on_eval,
         interval_s=cfg.interval_s)
     callbacks = [periodic]

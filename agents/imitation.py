@@ -29,6 +29,7 @@ import torch
 from agents.oracle import LookaheadOracle, OracleConfig, Setting
 from agents.oracle_label import Labels, label_window
 from env.traces.trace import Trace
+from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.knobs import knobs_to_action
 
@@ -112,13 +113,13 @@ def oracle_for(cfg: ImitationConfig, anchor: Setting | None, interval_s: float) 
 
 
 def oracle_labels(windows: Sequence[tuple[Trace, float]], cfg: ImitationConfig,
-                  anchor: Setting | None, *, interval_s: float,
-                  profile: Profile | None) -> Labels:
+                  anchor: Setting | None, *, interval_s: float, profile: Profile | None,
+                  config: EngineConfig | None = None) -> Labels:
     """Behaviour cloning's labels: the oracle drives each window and labels every state."""
     labels = Labels()
     for i, (window, scale) in enumerate(windows):
         label_window(window, oracle_for(cfg, anchor, interval_s), labels, index=i, scale=scale,
-                     interval_s=interval_s, profile=profile)
+                     interval_s=interval_s, profile=profile, config=config)
     return labels
 
 
@@ -201,7 +202,8 @@ def _fit_round(policy, venv, labels: Labels, cfg: ImitationConfig, seed: int,
 def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, float]]],
                make_env: Callable[[str], object], anchors: dict[str, Setting | None],
                cfg: ImitationConfig, *, dagger_rounds: int, interval_s: float,
-               profile: Profile | None, seed: int = 0, log=print) -> ImitationReport:
+               profile: Profile | None, config: EngineConfig | None = None, seed: int = 0,
+               log=print) -> ImitationReport:
     """Behaviour cloning on the oracle's labels of ``windows``, then ``dagger_rounds`` rounds of
     DAgger on the same windows, the labels of every round pooled.
 
@@ -212,6 +214,7 @@ def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, 
         window to label (the window cut from the split, and where it came from)
     :param make_env: a training environment of a trace (DAgger drives it)
     :param anchors: best static's setting per trace (the oracle's first candidate)
+    :param config: the engine's SLO classes and levers (the training environments')
     """
     report = ImitationReport()
     t0 = time.perf_counter()
@@ -219,7 +222,7 @@ def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, 
     first = 0
     for trace, ws in windows.items():
         part = oracle_labels([(w, x) for w, x, _, _ in ws], cfg, anchors.get(trace),
-                             interval_s=interval_s, profile=profile)
+                             interval_s=interval_s, profile=profile, config=config)
         part.window = [first + i for i in part.window]
         labels.extend(part)
         first += len(ws)
