@@ -42,7 +42,8 @@ class EvalSpec:
     config: EngineConfig = field(default_factory=EngineConfig)
     """engine limits and SLO classes"""
     static_knobs: Knobs = DEFAULT_KNOBS
-    """the knobs of ``static``"""
+    """the knobs of ``static`` and the PID's (with the engine config's batch share and admission
+    slack where it sets them: :meth:`runtime.engine.engine.EngineConfig.start_knobs`)"""
     tuning_scales: tuple[float, ...] | None = None
     """the rate scales best-static is tuned at (None: its TUNING_SCALES, around the trace's
     own rate)"""
@@ -51,8 +52,9 @@ class EvalSpec:
 def make_controller(name: str, spec: EvalSpec) -> Controller:
     """A controller by its name (see the module docstring). Raises ValueError for an unknown
     name and FileNotFoundError for a missing policy file."""
+    static = spec.config.start_knobs(spec.static_knobs)
     if name == "static":
-        return StaticController(spec.static_knobs)
+        return StaticController(static)
     if name == "best-static":
         from agents.controllers.best_static import BestStaticController, best_static_knobs
 
@@ -68,7 +70,7 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
                                    config=spec.config)
         return LookaheadOracle(anchor=anchor, interval_s=spec.interval_s)
     if name == "pid":
-        return PidController()
+        return PidController(static=static)
     if name == "aimd":
         from agents.controllers.aimd import AimdController
 

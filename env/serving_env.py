@@ -167,7 +167,9 @@ class ServingEnv(gym.Env):
         self.session = ServingSession(window, interval_s=self.interval_s, profile=self.profile,
                                       config=self.engine_config, knobs=DEFAULT_KNOBS,
                                       weights=self.weights, executor=self._executor())
-        result = self.session.step(DEFAULT_KNOBS)
+        # the knobs the engine starts with: the static default's, with the engine config's batch
+        # share and admission slack (EngineConfig.start_knobs)
+        result = self.session.step(self.session.engine.knobs)
         info = self._info(result)
         return result.observation, info
 
@@ -177,7 +179,7 @@ class ServingEnv(gym.Env):
         values = action.tolist() if hasattr(action, "tolist") else list(action)
         if len(values) != NUM_KNOBS:
             raise ValueError(f"an action has {NUM_KNOBS} components, got {len(values)}")
-        knobs = action_to_knobs(slew_limit_one(*values, knobs_to_action(self.session.engine.knobs),
+        knobs = action_to_knobs(slew_limit_one(values, knobs_to_action(self.session.engine.knobs),
                                                self.max_step))
         result = self.session.step(knobs)
         truncated = self.session.window_over

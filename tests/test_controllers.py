@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -127,10 +128,12 @@ def test_pid_goes_back_to_the_static_chunk_and_ratio_after_an_oom():
 
 
 def test_pid_goes_back_to_the_static_knobs_when_attainment_is_bad():
+    # ... except the batch tap, which closes under pressure: 0.5 action units, a quarter share
     pid = PidController()
     moved = Knobs(20.0, 3072, 0.9).as_dict()
-    assert pid.decide(obs(**moved, slo_attainment=0.4)).knobs == DEFAULT_KNOBS
-    assert pid.decide(obs(**moved, slo_attainment=0.6)).knobs != DEFAULT_KNOBS
+    closing = replace(DEFAULT_KNOBS, batch_share=0.75)
+    assert pid.decide(obs(**moved, slo_attainment=0.4)).knobs == closing
+    assert pid.decide(obs(**moved, slo_attainment=0.6)).knobs.batch_window_ms != 5.0
 
 
 def test_best_static_grid_search_keeps_the_best_setting(tmp_path):
@@ -149,3 +152,34 @@ def test_best_static_grid_search_keeps_the_best_setting(tmp_path):
     assert result["best"] == best["knobs"]
     assert all(0.0 <= a <= 1.0 for r in result["table"] for a in r["attainment"])
     assert not math.isnan(result["best_mean_attainment"])
+
+
+def test_pid_closes_the_batch_tap_fast_in_a_burst_and_opens_it_slowly_in_calm():
+    # share 0.5 is action 0. Calm (TTFT p99 at 0.3 of target, half the 0.6 set point, twice):
+    # e = -1, du = -(0.5 * 0 + 0.1 * -1) = +0.1, the open step: share 0.55. A burst (TTFT from
+    # 0.3 to 3.0): e = log2(5), du = -(0.5 * (log2(5) + 1) + 0.1 * log2(5)) = -1.89, limited to
+    # the close step -0.5: share 0.25. Attainment under 0.95 closes by the step even in calm.
+    pid = PidController()
+    half = dict(batch_share=0.5, slo_attainment=1.0)
+    calm = pid.decide(obs(**half, ttft_p99_ratio=0.3, ttft_p99_ratio_prev=0.3)).knobs
+    burst = pid.decide(obs(**half, ttft_p99_ratio=3.0, ttft_p99_ratio_prev=0.3)).knobs
+    missing = pid.decide(obs(**dict(half, slo_attainment=0.9), ttft_p99_ratio=0.3,
+                             ttft_p99_ratio_prev=0.3)).knobs
+    assert (calm.batch_share, burst.batch_share, missing.batch_share) == (0.55, 0.25, 0.25)
+    # never above the static share, and the admission slack stays the static one
+    static = replace(DEFAULT_KNOBS, batch_share=0.8, admission_slack=0.5)
+    k = PidController(static=static).decide(obs(**static.as_dict(), ttft_p99_ratio=0.1,
+                                                ttft_p99_ratio_prev=0.1)).knobs
+    assert (k.batch_share, k.admission_slack) == (0.8, 0.5)
+    k = PidController(static=static).decide(obs(batch_share=0.8, admission_slack=2.0)).knobs
+    assert k.admission_slack == 0.5
+
+
+def test_aimd_and_the_heuristic_move_the_batch_share_the_way_the_pid_does():
+    aimd = AimdController()
+    assert aimd.decide(obs(batch_share=0.5, ttft_p99_ratio=0.5)).knobs.batch_share == 0.55
+    assert aimd.decide(obs(batch_share=0.5, ttft_p99_ratio=2.0)).knobs.batch_share == 0.25
+    h = HeuristicController(Profile.load().memory, tpot_target_s=0.05)
+    calm = dict(batch_share=0.5, tpot_p99_ratio=0.5, ttft_p99_ratio=0.3, ttft_p99_ratio_prev=0.3)
+    assert h.decide(obs(**calm)).knobs.batch_share == 0.55
+    assert h.decide(obs(**dict(calm, ttft_p99_ratio=3.0))).knobs.batch_share == 0.25
