@@ -56,19 +56,21 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
     if name == "static":
         return StaticController(static)
     if name == "best-static":
-        from agents.controllers.best_static import BestStaticController, best_static_knobs
+        from agents.controllers.best_static import BestStaticController, best_static_setting
 
         scales = {} if spec.tuning_scales is None else {"scales": spec.tuning_scales}
-        knobs = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
-                                  config=spec.config, **scales)
-        return BestStaticController(knobs)
+        best = best_static_setting(spec.trace, part="train", profile_path=spec.profile_path,
+                                   config=spec.config, **scales)
+        return BestStaticController(best.knobs, best.admission)
     if name == ORACLE:
-        from agents.controllers.best_static import best_static_knobs
-        from agents.oracle import LookaheadOracle
+        from agents.controllers.best_static import best_static_setting
+        from agents.oracle import LEVERS, LookaheadOracle, Setting
 
-        anchor = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
+        best = best_static_setting(spec.trace, part="train", profile_path=spec.profile_path,
                                    config=spec.config)
-        return LookaheadOracle(anchor=anchor, interval_s=spec.interval_s)
+        levers = (() if best.admission == spec.config.admission
+                  else (("admission", LEVERS["admission"].parse(best.admission)),))
+        return LookaheadOracle(anchor=Setting(best.knobs, levers), interval_s=spec.interval_s)
     if name == "pid":
         return PidController(static=static)
     if name == "aimd":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -17,6 +18,7 @@ from runtime.decider.pid import PidController, PidGains
 from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS, Knobs, knobs_to_action
 from runtime.observation import OBSERVATION_NAMES, vector_from_fields
+from tests.engine_factory import make_engine
 
 
 def obs(**fields) -> np.ndarray:
@@ -183,3 +185,47 @@ def test_aimd_and_the_heuristic_move_the_batch_share_the_way_the_pid_does():
     calm = dict(batch_share=0.5, tpot_p99_ratio=0.5, ttft_p99_ratio=0.3, ttft_p99_ratio_prev=0.3)
     assert h.decide(obs(**calm)).knobs.batch_share == 0.55
     assert h.decide(obs(**dict(calm, ttft_p99_ratio=3.0))).knobs.batch_share == 0.25
+
+
+def _mixed_trace_file(path, n_interactive: int = 600, n_batch: int = 400):
+    """Interactive requests at 18 per second (the default profile's edge) and a drop of long
+    batch requests in the first 5 s, as a plain CSV with an slo_class column."""
+    rng = np.random.default_rng(0)
+    ai = np.cumsum(rng.exponential(1 / 18.0, n_interactive))
+    pi, oi = rng.integers(200, 2000, n_interactive), rng.integers(20, 200, n_interactive)
+    ab = np.sort(rng.uniform(0, 5, n_batch))
+    pb, ob = rng.integers(4000, 8000, n_batch), rng.integers(200, 400, n_batch)
+    rows = sorted([(a, p, o, "interactive") for a, p, o in zip(ai, pi, oi)]
+                  + [(a, p, o, "batch") for a, p, o in zip(ab, pb, ob)])
+    path.write_text("arrival_s,prompt_tokens,output_tokens,slo_class\n"
+                    + "".join(f"{a:.4f},{p},{o},{c}\n" for a, p, o, c in rows))
+    return str(path)
+
+
+def test_best_static_picks_a_small_batch_share_and_shedding_when_batch_work_hurts(tmp_path):
+    # Measured: the batch drop costs interactive requests their SLOs under fcfs (91.6% with
+    # the tap open); closing it to 0.1 helps under every admission policy, and shedding at one
+    # TTFT target with share 0.1 is best (98.1%).
+    from agents.controllers.best_static import BestStaticController, best_static_setting
+
+    trace = _mixed_trace_file(tmp_path / "mixed.csv")
+    # the knob grid (one setting here), then the levers around its best; both cached
+    grid = {"batch_window_ms": (5.0,), "prefill_chunk_tokens": (2048,), "kv_cache_ratio": (0.9,)}
+    cache = tmp_path / "cache"
+    setting = best_static_setting(trace, part="all", scales=(1.0,), grid=grid, cache_dir=cache,
+                                  workers=1, progress=False)
+    assert setting.knobs == Knobs(5.0, 2048, 0.9, batch_share=0.1, admission_slack=1.0)
+    assert setting.admission == "shed"
+    (levers,) = cache.glob("mixed-*-levers-*.json")
+    got = {(r["admission"], r["admission_slack"], r["batch_share"]): round(r["mean_attainment"], 3)
+           for r in json.loads(levers.read_text())["table"]}
+    assert len(got) == 12  # 3 admission settings x 4 batch shares
+    assert got[("fcfs", 1.0, 1.0)] == 0.916 and got[("fcfs", 1.0, 0.1)] == 0.918
+    assert got[("shed", 0.5, 1.0)] == 0.972 and got[("shed", 0.5, 0.1)] == 0.979
+    assert got[("shed", 1.0, 1.0)] == 0.971 and got[("shed", 1.0, 0.1)] == 0.981
+    assert best_static_setting(trace, part="all", scales=(1.0,), grid=grid, cache_dir=cache,
+                               workers=1, progress=False) == setting  # from the cache
+    c = BestStaticController(setting.knobs, setting.admission)
+    e = make_engine()
+    c.bind(e)
+    assert e.admission == "shed"
