@@ -1,4 +1,4 @@
-"""The Gymnasium environment: retune the three batching knobs of a serving engine every interval."""
+"""The Gymnasium environment: retune the knobs of a serving engine every interval."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, NUM_KNOBS, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM, OBS_HIGH, OBS_LOW, observation_table
 from runtime.session import DEFAULT_INTERVAL_S
-
 
 _KNOB_ROWS = "\n".join(f"    | {i} | `{k.name}` | {k.low:g} .. {k.high:g} {k.unit}: {k.doc} |"
                        for i, k in enumerate(KNOB_SPECS))
