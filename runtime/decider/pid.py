@@ -235,11 +235,18 @@ class PidController:
             u0, u1, u2 = s0, s1, s2  # the loops are not holding the SLO: back to static
         elif math.expm1(v[_OOM[0]] * _OOM[1]) > 0.5:
             u1, u2 = s1, s2  # activations did not fit: back to the validated chunk and ratio
-        # bounded authority; min(max(.)) keeps NaN, as the range clip below does
-        u0 = min(max(u0, s0 - g.window_box), s0 + g.window_box)
-        u1 = min(max(u1, s1 - g.chunk_box), s1 + g.chunk_box)
-        u2 = min(max(u2, s2 - g.kv_box_down), s2 + g.kv_box_up)
-        u3 = min(max(u3, s3 - g.share_box), s3)
-        # min(max(.)) keeps NaN as np.clip does, so action_to_knobs refuses it the same way
-        return (min(max(u0, -1.0), 1.0), min(max(u1, -1.0), 1.0), min(max(u2, -1.0), 1.0),
-                min(max(u3, -1.0), 1.0), min(max(u4, -1.0), 1.0))
+        # bounded authority, then the ranges. Conditional clamps (0.03 us against 0.4 for
+        # min(max(.))) that keep NaN as np.clip does, so action_to_knobs refuses it the same way
+        lo, hi = s0 - g.window_box, s0 + g.window_box
+        u0 = lo if u0 < lo else hi if u0 > hi else u0
+        lo, hi = s1 - g.chunk_box, s1 + g.chunk_box
+        u1 = lo if u1 < lo else hi if u1 > hi else u1
+        lo, hi = s2 - g.kv_box_down, s2 + g.kv_box_up
+        u2 = lo if u2 < lo else hi if u2 > hi else u2
+        lo = s3 - g.share_box
+        u3 = lo if u3 < lo else s3 if u3 > s3 else u3
+        return (-1.0 if u0 < -1.0 else 1.0 if u0 > 1.0 else u0,
+                -1.0 if u1 < -1.0 else 1.0 if u1 > 1.0 else u1,
+                -1.0 if u2 < -1.0 else 1.0 if u2 > 1.0 else u2,
+                -1.0 if u3 < -1.0 else 1.0 if u3 > 1.0 else u3,
+                -1.0 if u4 < -1.0 else 1.0 if u4 > 1.0 else u4)
