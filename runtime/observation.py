@@ -178,17 +178,22 @@ class SpecAdapter:
     num_actions: int
     """the older spec's action width (its knobs are today's first ``num_actions``)"""
 
+    def __post_init__(self) -> None:
+        # computed once: adapt_vector is on every decision of an older spec's policy
+        object.__setattr__(self, "low", OBS_LOW[self.index])
+        object.__setattr__(self, "high", OBS_HIGH[self.index])
+        object.__setattr__(self, "scaled", bool((self.factor != 1.0).any()))
+
+    low: np.ndarray = dataclasses.field(init=False)
+    """the older vector's lower bounds"""
+    high: np.ndarray = dataclasses.field(init=False)
+    """its upper bounds"""
+    scaled: bool = dataclasses.field(init=False)
+    """whether any factor differs from 1"""
+
     @property
     def obs_dim(self) -> int:
         return len(self.index)
-
-    @property
-    def low(self) -> np.ndarray:
-        return OBS_LOW[self.index]
-
-    @property
-    def high(self) -> np.ndarray:
-        return OBS_HIGH[self.index]
 
 
 def _old_spec_adapter(number: int, old_high: dict[str, float]) -> SpecAdapter:
@@ -217,9 +222,14 @@ vector into that spec's (:func:`adapt_vector`)"""
 
 def adapt_vector(vector: np.ndarray, adapter: SpecAdapter) -> np.ndarray:
     """Today's observation vector(s) (``[..., OBS_DIM]``) as an older spec built them: its
-    fields picked, scaled field by field, then clipped to the vector's bounds."""
-    return np.clip(np.asarray(vector)[..., adapter.index] * adapter.factor, adapter.low,
-                   adapter.high)
+    fields picked, scaled field by field, then clipped to the vector's bounds (a new array;
+    NaN passes through, as np.clip lets it)."""
+    x = np.take(vector, adapter.index, axis=-1)
+    if adapter.scaled:
+        x = x * adapter.factor
+    np.minimum(x, adapter.high, out=x)
+    np.maximum(x, adapter.low, out=x)
+    return x
 
 
 _NUM_MEASURED = OBS_DIM - NUM_KNOBS  # the fields before the knobs
