@@ -313,3 +313,20 @@ def test_labelling_on_two_workers_gives_the_labels_of_one(tmp_path):
     assert len(a["observations"]) > 10
     for key in ("observations", "settings", "actions", "scores", "window", "t_s", "rate_scale"):
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_the_candidate_grammar_names_all_five_knobs_and_the_levers():
+    grid = parse_candidates("window=5;chunk=256,1024;ratio=0.9;batch_share=0.25,1;"
+                            "admission_slack=0.5;admission=fcfs,shed;max_num_seqs=64")
+    assert len(grid) == 8  # 2 chunks x 2 shares x 2 policies
+    first = grid[0]
+    assert first.knobs == Knobs(5.0, 256, 0.9, batch_share=0.25, admission_slack=0.5)
+    assert first.levers == (("admission", 0.0), ("max_num_seqs", 64.0))
+    assert first.label() == ("window=5 chunk=256 ratio=0.9 batch_share=0.25 admission_slack=0.5 "
+                             "admission=fcfs max_num_seqs=64")
+    # a knob the grid leaves out takes the base's value (the oracle's anchor's)
+    base = Knobs(20.0, 2048, 0.8, batch_share=0.5, admission_slack=2.0)
+    (only,) = parse_candidates("chunk=512", base)
+    assert only.knobs == Knobs(20.0, 512, 0.8, batch_share=0.5, admission_slack=2.0)
+    with pytest.raises(ValueError, match=r"candidates: batch_share=1.5 is outside its range"):
+        parse_candidates("batch_share=1.5")
