@@ -448,6 +448,9 @@ class Engine:
         waiting requests already late get the new policy at once (``shed`` also drops those in
         the late queue), the others when their new slack passes."""
         self._set_policy(admission, slack)
+        if self._fcfs:
+            return  # late requests keep their place: nothing to move (a slack knob per interval
+            # costs nothing under fcfs)
         now = self.now
         for r in list(self.waiting):
             if r.first_token_s is None and r.arrival_s + slack * r.ttft_target_s <= now:
