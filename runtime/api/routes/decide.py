@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from operator import itemgetter
@@ -40,15 +41,13 @@ thread of the shared pool (the server's memory grew 18 MiB a minute under 2 MB b
 _BATCH_RESPONSE = TypeAdapter(BatchResponse)
 _DECISION = TypeAdapter(DecisionOut)
 _row = itemgetter(*OBSERVATION_NAMES)
-_defaults_cache: dict[Knobs, dict[str, float]] = {}
 
 
+@functools.lru_cache(maxsize=4)
 def _defaults(static_knobs: Knobs) -> dict[str, float]:
-    """:func:`runtime.observation.field_defaults`, built once per static knobs."""
-    out = _defaults_cache.get(static_knobs)
-    if out is None:
-        out = _defaults_cache[static_knobs] = field_defaults(static_knobs)
-    return out
+    """:func:`runtime.observation.field_defaults`, built once per static knobs (a decider's are
+    fixed; read only)."""
+    return field_defaults(static_knobs)
 
 
 def decision_out(d: Decision) -> DecisionOut:
