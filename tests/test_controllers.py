@@ -85,6 +85,10 @@ def test_heuristic_maps_the_batch_estimate_to_the_chunk_and_the_ratio():
 def test_heuristic_keeps_the_default_until_it_has_a_latency_sample():
     c = HeuristicController(Profile.load().memory)
     assert c.decide(obs(tpot_p99_ratio=0.0)).knobs == DEFAULT_KNOBS
+    # ... with the deployment's batch share and admission slack, which it finds in the knobs
+    deployed = replace(DEFAULT_KNOBS, batch_share=0.3, admission_slack=0.5)
+    assert c.decide(obs(tpot_p99_ratio=0.0, batch_share=0.3, admission_slack=0.5)).knobs == (
+        deployed)
 
 
 def test_pid_shortens_the_window_when_ttft_runs_over_and_is_stateless():

@@ -27,6 +27,7 @@ How they map onto the three knobs:
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 
@@ -80,8 +81,12 @@ class HeuristicController:
         tpot_ms = f["tpot_p99_ratio"] * self.tpot_target_s * 1e3
         if tpot_ms > 0:  # an interval without completions has no latency sample
             self._latencies_ms.append(tpot_ms)
-        if not self._latencies_ms:
-            return self._default
+        if not self._latencies_ms:  # the static default, the class and admission knobs kept
+            if (f["batch_share"], f["admission_slack"]) == (DEFAULT_KNOBS.batch_share,
+                                                            DEFAULT_KNOBS.admission_slack):
+                return self._default
+            return decided_by(replace(DEFAULT_KNOBS, batch_share=f["batch_share"],
+                                      admission_slack=f["admission_slack"]), self.name)
         share = _share_from_action(
             f["batch_share"], batch_share_step(share_error(f["ttft_p99_ratio"], self._gains),
                                                share_error(f["ttft_p99_ratio_prev"], self._gains),
