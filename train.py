@@ -658,9 +658,10 @@ def main(argv: list[str] | None = None, *,
         callbacks.append(curriculum)
 
     # ---------------------------------------------------------------- train
-    if cfg.init_from or cfg.warm_start != "none":
-        periodic.init_callback(model)
-        periodic.evaluate()  # the starting point, at step 0
+    # the starting point competes for best too: the kept model is never worse on the evaluation
+    # windows than where training started (the static default, a clone, or --init-from)
+    periodic.init_callback(model)
+    periodic.evaluate()
     t0 = time.time()
     model.learn(total_timesteps=cfg.total_timesteps, callback=callbacks, progress_bar=True)
     train_s = time.time() - t0
