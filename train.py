@@ -141,6 +141,10 @@ class Config(EngineChoice):
     """simulated seconds the labelling oracle looks ahead (it searches every interval)"""
     imitation_epochs: int = 60
     """passes over the labels per cloning"""
+    imitation_candidates: str = ""
+    """the labelling oracle's candidate grid, ``key=v1,v2;...`` over the knobs and levers
+    (agents/oracle.py's parse_candidates; empty: its DEFAULT_CANDIDATES, chunk sizes only: name
+    batch_share and admission_slack values to imitate those knobs too)"""
     init_from: str = ""
     """start from a trained policy: a run folder (model.zip, vecnormalize.pkl) or an exported
     policy.onnx of this spec (the shipped one: checkpoints/shipped/policy.onnx); with a --trace
@@ -409,7 +413,9 @@ def imitate(cfg: Config, model, venv, trace_ranges: list[tuple[str, tuple]],
         envs[label] = partial(gym.make, env.ENV_ID, trace=t, rate_scale_range=scale_range,
                               **env_kwargs_of(cfg))
         anchors[label] = Setting(references[t])
-    icfg = ImitationConfig(horizon_s=cfg.imitation_horizon_s, epochs=cfg.imitation_epochs)
+    icfg = ImitationConfig(horizon_s=cfg.imitation_horizon_s, epochs=cfg.imitation_epochs,
+                           **({"candidates": cfg.imitation_candidates}
+                              if cfg.imitation_candidates else {}))
     return warm_start(model.policy, venv, windows, lambda label: envs[label](), anchors, icfg,
                       dagger_rounds=cfg.dagger_rounds if cfg.warm_start == "dagger" else 0,
                       interval_s=cfg.interval_s, profile=Profile.load(cfg.profile),
