@@ -3,10 +3,11 @@ an exported ``policy.onnx`` (the shipped policy is one).
 
 A run folder gives the whole SB3 model (actor, critic, log std) and its ``vecnormalize.pkl``. An
 ONNX file holds the action path only: its initializers are named after the policy's parameters
-(``mlp_extractor.policy_net.0.weight``, ..., ``action_net.bias``) and the folded observation
-normalisation (``obs_mean``, ``obs_scale``); those are copied, and the critic stays as PPO
-initialised it. Either way the policy must have this spec's inputs and outputs and the same
-hidden layers, or the load is refused with both shapes named.
+(``mlp_extractor.policy_net.0.weight``, ..., ``action_net.bias``; a bias of zeros is left out by
+the exporter and restored as zeros) and the folded observation normalisation (``obs_mean``,
+``obs_scale``); those are copied, and the critic stays as PPO initialised it. Either way the
+policy must have this spec's inputs and outputs and the same hidden layers, or the load is
+refused with both shapes named.
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ def load_onnx_weights(model, venv, path: Path) -> dict:
         raise ValueError(f"--init-from {path} was exported under {spec or 'no spec'}; this "
                          f"build trains {SPEC_VERSION}: its inputs and outputs differ")
     tensors = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    # the exporter leaves out a layer's bias when it is all zeros (a Gemm without its third
+    # input): such a bias is zero, not "keep this policy's"
+    state = model.policy.state_dict()
+    for name in list(tensors):
+        bias = name.removesuffix(".weight") + ".bias"
+        if name.endswith(".weight") and bias not in tensors and bias in state:
+            tensors[bias] = np.zeros(tuple(state[bias].shape), dtype=np.float32)
+    tensors = {k: tensors[k] for k in state if k in tensors} | {
+        k: v for k, v in tensors.items() if k not in state}
     copied = _copy(model, tensors, path)
     if "obs_mean" in tensors and venv is not None and venv.norm_obs:
         venv.obs_rms.mean = tensors["obs_mean"].astype(np.float64)
