@@ -48,25 +48,29 @@ class EvalSpec:
     own rate)"""
 
 
+def _best_static_knobs(spec: EvalSpec) -> Knobs:
+    """Best static's knobs for the spec (tuned at its tuning scales): best-static's setting and
+    the oracle's anchor, so that the two rows of an arena run stand on the same search."""
+    from agents.controllers.best_static import best_static_knobs
+
+    scales = {} if spec.tuning_scales is None else {"scales": spec.tuning_scales}
+    return best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
+                             config=spec.config, **scales)
+
+
 def make_controller(name: str, spec: EvalSpec) -> Controller:
     """A controller by its name (see the module docstring). Raises ValueError for an unknown
     name and FileNotFoundError for a missing policy file."""
     if name == "static":
         return StaticController(spec.static_knobs)
     if name == "best-static":
-        from agents.controllers.best_static import BestStaticController, best_static_knobs
+        from agents.controllers.best_static import BestStaticController
 
-        scales = {} if spec.tuning_scales is None else {"scales": spec.tuning_scales}
-        knobs = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
-                                  config=spec.config, **scales)
-        return BestStaticController(knobs)
+        return BestStaticController(_best_static_knobs(spec))
     if name == ORACLE:
-        from agents.controllers.best_static import best_static_knobs
         from agents.oracle import LookaheadOracle
 
-        anchor = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
-                                   config=spec.config)
-        return LookaheadOracle(anchor=anchor, interval_s=spec.interval_s)
+        return LookaheadOracle(anchor=_best_static_knobs(spec), interval_s=spec.interval_s)
     if name == "pid":
         return PidController()
     if name == "aimd":
