@@ -24,9 +24,11 @@ from typing import Literal
 import tyro
 
 from agents.arena import FRONTIER_RATIOS, PAST_CAPACITY_MULTIPLES, RATIO_KNOB, REFERENCE, evaluate
+from agents.oracle import ORACLE_NAME
 from agents.registry import BASELINES, EvalSpec, make_controller
 from agents.report import markdown_table, plot, write_json
 from env.engine_choice import EngineChoice
+from env.traces.resolve import resolve_trace
 from runtime.engine.roofline import ProfileChoice
 from runtime.knobs import KNOB_NAMES, KNOB_SPECS
 from runtime.session import DEFAULT_INTERVAL_S
@@ -112,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                                  f"[{ratio.low:g}, {ratio.high:g}]")
         spec = EvalSpec(traces[0], cfg.split, profile, cfg.interval_s, config,
                         tuning_scales=tuning)
+        for t in traces:
+            resolve_trace(t)  # fail fast on a missing or unreadable trace
         for c in controllers:
-            if c != "best-static":
+            if c not in ("best-static", ORACLE_NAME):  # these two search first
                 make_controller(c, spec)  # fail fast on a bad name or policy file
     except (ValueError, FileNotFoundError) as e:
         print(f"evaluate: {e}", file=sys.stderr)
