@@ -16,9 +16,9 @@ burst recovery time. The oracle's rows are flagged ``upper_bound`` (it knows the
   (:data:`PAST_CAPACITY_MULTIPLES`), its goodput there as a share of its own goodput at its own
   capacity. Admission (first come first served, shed, late to back) is a deployment setting of
   the engine config, so one arena run measures one policy.
-- The static frontier: for each KV ratio (:data:`FRONTIER_RATIOS`), best static's grid search
-  (:mod:`agents.controllers.best_static`) with the ratio held fixed, and the setting it picks
-  replayed at each rate scale: (mean KV GiB, interactive attainment), the line a controller's
+- The static frontier: for each KV ratio (:data:`FRONTIER_RATIOS`), best static's pick
+  (:mod:`agents.controllers.best_static`) with the ratio held fixed, replayed at each rate
+  scale: (mean KV GiB, interactive attainment), the line a controller's
   point is judged against in the Pareto plot (:func:`agents.report.plot`).
 """
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.controllers.best_static import GRID, TUNING_SCALES, best_static_knobs
+from agents.controllers.best_static import GRID, TUNING_SCALES, best_static_table, select_best
 from agents.oracle import ORACLE_NAME
 from agents.parallel import JobRunner
 from agents.registry import EvalSpec, make_controller
@@ -56,16 +56,16 @@ TIMELINE_KEYS = ("t", *KNOB_NAMES, "waiting", "running", "slo_attainment", "arri
                  "kv_utilization", "batch_backlog_tokens")
 """what an episode's timeline holds per interval (the knobs are those decided at its end)"""
 
-FRONTIER_RATIOS: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
-"""the KV ratios of the static frontier: from about half the memory left after the weights to
-best static's usual pick"""
+RATIO_KNOB = "kv_cache_ratio"
+"""the knob the static frontier holds fixed"""
+FRONTIER_RATIOS: tuple[float, ...] = tuple(GRID[RATIO_KNOB])
+"""the KV ratios of the static frontier by default: those of best static's grid (0.5 to 0.95),
+whose picks its own search already holds, so the default frontier adds replays, not searches"""
 PAST_CAPACITY_MULTIPLES: tuple[float, ...] = (2.0, 4.0)
 """loads past capacity, as multiples of best static's capacity at 99% attainment (the issue's
 "no collapse" loads)"""
 REFERENCE = "best-static"
 """the controller whose capacity sets the loads past capacity"""
-RATIO_KNOB = "kv_cache_ratio"
-"""the knob the static frontier holds fixed"""
 
 
 def is_upper_bound(controller: str) -> bool:
@@ -265,14 +265,21 @@ def frontier_knobs(spec: EvalSpec, ratios: Sequence[float], *,
                    grid: dict[str, tuple] | None = None, cache_dir: Path | None = None,
                    workers: int = 2, ray: bool | None = None,
                    progress: bool = True) -> dict[float, Knobs]:
-    """Best static's pick at each KV ratio: its grid search on the training split with the
-    ratio held fixed (:func:`frontier_grid`), cached as best static's own search is."""
-    scales = spec.tuning_scales or TUNING_SCALES
-    return {r: best_static_knobs(spec.trace, part="train", scales=scales,
-                                 profile_path=spec.profile_path, config=spec.config,
-                                 grid=frontier_grid(r, grid), cache_dir=cache_dir,
-                                 workers=workers, ray=ray, progress=progress)
-            for r in ratios}
+    """Best static's pick at each KV ratio: the best setting of its grid search on the training
+    split among those at that ratio, ties broken as best static breaks them. A ratio of the grid
+    is read from best static's own search (cached: nothing more runs once best static is tuned);
+    another is searched with the ratio held fixed (:func:`frontier_grid`), cached the same way."""
+    grid = grid or GRID
+    search = {"part": "train", "scales": spec.tuning_scales or TUNING_SCALES,
+              "profile_path": spec.profile_path, "config": spec.config, "cache_dir": cache_dir,
+              "workers": workers, "ray": ray, "progress": progress}
+    index = KNOB_NAMES.index(RATIO_KNOB)
+    picks = {}
+    for r in ratios:
+        table = best_static_table(spec.trace, grid=grid if r in grid[RATIO_KNOB]
+                                  else frontier_grid(r, grid), **search)
+        picks[r] = Knobs(*select_best([row for row in table if row["knobs"][index] == r])["knobs"])
+    return picks
 
 
 def _frontier_job(args: tuple) -> dict:

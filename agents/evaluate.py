@@ -57,8 +57,9 @@ class Config(ProfileChoice, EngineChoice):
     controller runs there and its goodput is reported as a share of its goodput at its own
     capacity (needs best-static among --controllers and the capacity search; "" skips)"""
     frontier_ratios: str = ",".join(f"{r:g}" for r in FRONTIER_RATIOS)
-    """KV ratios of the static frontier, comma-separated: best static's search with each held
-    fixed (cached like best static's), replayed at every rate scale ("" skips)"""
+    """KV ratios of the static frontier, comma-separated: best static's pick with each held
+    fixed, replayed at every rate scale (default: its grid's ratios, read from its own search;
+    another ratio is searched, then cached; "" skips)"""
     match_static: float | None = None
     """also run every controller at the load where the static default attains this share
     (e.g. 0.68)"""

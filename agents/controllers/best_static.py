@@ -113,13 +113,14 @@ def grid_search(trace_spec: str, *, part: str = "train", scales: Sequence[float]
             "seconds": time.perf_counter() - t0}
 
 
-def best_static_knobs(trace_spec: str, *, part: str = "train",
+def best_static_table(trace_spec: str, *, part: str = "train",
                       scales: Sequence[float] = TUNING_SCALES,
                       profile_path: str | Path | None = None, config: EngineConfig | None = None,
                       grid: dict[str, tuple] | None = None, cache_dir: Path | None = None,
                       workers: int = 2, ray: bool | None = None,
-                      progress: bool = True) -> Knobs:
-    """The best static knobs for a trace, from the cache or a fresh grid search."""
+                      progress: bool = True) -> list[dict]:
+    """Every setting of the grid search with its scores (:func:`grid_search`'s ``table``), from
+    the cache or a fresh search (then cached). The arena's static frontier reads it too."""
     config = config or EngineConfig()
     grid = grid or GRID
     profile = Profile.load(profile_path)
@@ -127,14 +128,19 @@ def best_static_knobs(trace_spec: str, *, part: str = "train",
     key = cache_key(trace_spec, part, scales, profile, config, grid, classes_used)
     path = Path(cache_dir or best_static_dir()) / f"{trace_label(trace_spec)}-{key}.json"
     if path.exists():
-        return Knobs(*select_best(json.loads(path.read_text())["table"])["knobs"])
+        return json.loads(path.read_text())["table"]
     result = grid_search(trace_spec, part=part, scales=scales, profile_path=profile_path,
                          config=config, grid=grid, workers=workers, ray=ray,
                          progress=progress)
     result["key"] = key
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
-    return Knobs(*result["best"])
+    return result["table"]
+
+
+def best_static_knobs(trace_spec: str, **search) -> Knobs:
+    """The best static knobs for a trace (``search``: :func:`best_static_table`'s options)."""
+    return Knobs(*select_best(best_static_table(trace_spec, **search))["knobs"])
 
 
 class BestStaticController(StaticController):
