@@ -208,9 +208,10 @@ def _pareto(plt, rows: Sequence[dict], frontier: Sequence[dict], trace: str,
         at = [r for r in own if r["rate_scale"] == scale]
         for r, marker in zip(at, itertools.cycle(_MARKERS)):
             ub = is_upper_bound(r["controller"])
+            # the oracle's star is hollow, so a controller at the same point still shows
             ax.plot(r["mean_kv_gib"], r["interactive_attainment"] * 100, ls="none",
-                    marker="*" if ub else marker, markersize=13 if ub else 7, alpha=0.8,
-                    label=short_name(r["controller"]))
+                    marker="*" if ub else marker, markersize=15 if ub else 7, alpha=0.8,
+                    markerfacecolor="none" if ub else None, label=short_name(r["controller"]))
         ax.set_xlabel("mean KV cache reserved (GiB)")
         ax.set_ylabel("interactive SLO attainment (%)")
         ax.set_title(f"x{scale:g}", fontsize=9)
