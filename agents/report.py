@@ -23,7 +23,9 @@ def short_name(controller: str) -> str:
     return controller
 
 
-def _fmt(x: float, spec: str) -> str:
+def _fmt(x: float | None, spec: str) -> str:
+    if x is None:
+        return "-"
     return "inf" if isinstance(x, float) and math.isinf(x) else format(x, spec)
 
 
@@ -71,10 +73,9 @@ def markdown_table(rows: Sequence[dict], capacity: Sequence[dict],
         lines += ["", "| trace | controller | capacity @99% | goodput there rps | capacity @90% |",
                   "|---|---|---|---|---|"]
         for c in capacity:
-            g = c["goodput_at_capacity_99_rps"]
             lines.append(f"| {c['trace']} | {short_name(c['controller'])} | "
-                         f"{c['capacity_99']:.3g} | {'-' if g is None else format(g, '.2f')} | "
-                         f"{c['capacity_90']:.3g} |")
+                         f"{c['capacity_99']:.3g} | {_fmt(c['goodput_at_capacity_99_rps'], '.2f')}"
+                         f" | {c['capacity_90']:.3g} |")
     if past_capacity:
         multiples = [p["multiple"] for p in past_capacity[0]["points"]]
         lines += ["", f"Goodput past capacity: at multiples of {REFERENCE}'s capacity @99%, "
@@ -83,12 +84,11 @@ def markdown_table(rows: Sequence[dict], capacity: Sequence[dict],
                   + " | ".join(f"{m:g}x: rate x, goodput rps (share)" for m in multiples) + " |",
                   "|" + "---|" * (4 + len(multiples))]
         for e in past_capacity:
-            g = e["goodput_at_capacity_99_rps"]
             pts = " | ".join(f"{p['rate_scale']:.3g}, {p['goodput_rps']:.2f} "
                              f"({_share(p['goodput_share'])})" for p in e["points"])
             lines.append(f"| {e['trace']} | {short_name(e['controller'])} | "
-                         f"{e['capacity_99']:.3g} | {'-' if g is None else format(g, '.2f')} | "
-                         f"{pts} |")
+                         f"{e['capacity_99']:.3g} | {_fmt(e['goodput_at_capacity_99_rps'], '.2f')}"
+                         f" | {pts} |")
     if frontier:
         lines += ["", "Static frontier: best static's pick with the KV ratio held fixed", "",
                   "| trace | rate x | KV ratio | knobs | mean KV GiB | interactive att. | "
