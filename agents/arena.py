@@ -16,10 +16,10 @@ burst recovery time. The oracle's rows are flagged ``upper_bound`` (it knows the
   (:data:`PAST_CAPACITY_MULTIPLES`), its goodput there as a share of its own goodput at its own
   capacity. Admission (first come first served, shed, late to back) is a deployment setting of
   the engine config, so one arena run measures one policy.
-- The static frontier: for each KV ratio (:data:`FRONTIER_RATIOS`), best static's pick
-  (:mod:`agents.controllers.best_static`) with the ratio held fixed, replayed at each rate
-  scale: (mean KV GiB, interactive attainment), the line a controller's
-  point is judged against in the Pareto plot (:func:`agents.report.plot`).
+- The static frontier: for each KV ratio (:data:`FRONTIER_RATIOS`), best static's setting
+  (:mod:`agents.controllers.best_static`: the knob grid, then the admission lever) with the
+  ratio held fixed, replayed at each rate scale: (mean KV GiB, interactive attainment), the
+  line a controller's point is judged against in the Pareto plot (:func:`agents.report.plot`).
 """
 
 from __future__ import annotations
@@ -29,24 +29,23 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from agents.controllers.best_static import GRID, TUNING_SCALES, best_static_table, select_best
+from agents.controllers.best_static import GRID, RATIO_KNOB, BestStatic, BestStaticController
 from agents.oracle import ORACLE_NAME
 from agents.parallel import JobRunner
-from agents.registry import EvalSpec, make_controller
+from agents.registry import EvalSpec, best_static, make_controller
 from env.replay import replay
 from env.traces import rate_scale, split
 from env.traces.resolve import resolve_trace, trace_label
 from env.traces.trace import Trace
-from runtime.decider.controller import Controller, StaticController
+from runtime.decider.controller import Controller
 from runtime.engine.engine import EngineConfig
 from runtime.engine.metrics import burst_onsets, recovery_times
 from runtime.engine.profile import Profile
 from runtime.engine.request import RejectReason
-from runtime.knobs import KNOB_NAMES, NUM_KNOBS, Knobs
+from runtime.knobs import KNOB_NAMES, NUM_KNOBS
 from runtime.session import DEFAULT_INTERVAL_S, IntervalRecord
 
 DRAIN_LIMIT_S = 1800.0
@@ -56,8 +55,6 @@ TIMELINE_KEYS = ("t", *KNOB_NAMES, "waiting", "running", "slo_attainment", "arri
                  "kv_utilization", "batch_backlog_tokens")
 """what an episode's timeline holds per interval (the knobs are those decided at its end)"""
 
-RATIO_KNOB = "kv_cache_ratio"
-"""the knob the static frontier holds fixed"""
 FRONTIER_RATIOS: tuple[float, ...] = tuple(GRID[RATIO_KNOB])
 """the KV ratios of the static frontier by default: those of best static's grid (0.5 to 0.95),
 whose picks its own search already holds, so the default frontier adds replays, not searches"""
@@ -256,37 +253,12 @@ def _capacity_job(args: tuple) -> dict:
             "goodput_at_capacity_99_rps": goodput.get(cap99), "evaluations": len(attainment)}
 
 
-def frontier_grid(ratio: float, grid: dict[str, tuple] | None = None) -> dict[str, tuple]:
-    """Best static's grid (``grid``, default :data:`GRID`) with the KV ratio held at ``ratio``."""
-    return {**(grid or GRID), RATIO_KNOB: (ratio,)}
-
-
-def frontier_knobs(spec: EvalSpec, ratios: Sequence[float], *,
-                   grid: dict[str, tuple] | None = None, cache_dir: Path | None = None,
-                   workers: int = 2, ray: bool | None = None,
-                   progress: bool = True) -> dict[float, Knobs]:
-    """Best static's pick at each KV ratio: the best setting of its grid search on the training
-    split among those at that ratio, ties broken as best static breaks them. A ratio of the grid
-    is read from best static's own search (cached: nothing more runs once best static is tuned);
-    another is searched with the ratio held fixed (:func:`frontier_grid`), cached the same way."""
-    grid = grid or GRID
-    search = {"part": "train", "scales": spec.tuning_scales or TUNING_SCALES,
-              "profile_path": spec.profile_path, "config": spec.config, "cache_dir": cache_dir,
-              "workers": workers, "ray": ray, "progress": progress}
-    index = KNOB_NAMES.index(RATIO_KNOB)
-    picks = {}
-    for r in ratios:
-        table = best_static_table(spec.trace, grid=grid if r in grid[RATIO_KNOB]
-                                  else frontier_grid(r, grid), **search)
-        picks[r] = Knobs(*select_best([row for row in table if row["knobs"][index] == r])["knobs"])
-    return picks
-
-
 def _frontier_job(args: tuple) -> dict:
-    spec, ratio, knobs, scale = args
-    s = summary_at(spec, StaticController(knobs), scale)
+    spec, ratio, best, scale = args
+    s = summary_at(spec, BestStaticController(best.knobs, best.admission), scale)
     return {"trace": trace_label(spec.trace), "rate_scale": scale, RATIO_KNOB: ratio,
-            "knobs": knobs.as_dict(), **_figures(s, spec.config)}
+            "knobs": best.knobs.as_dict(), "admission": best.admission,
+            **_figures(s, spec.config)}
 
 
 def _known(rows: Sequence[dict], trace: str, controller: str) -> dict[float, tuple[float, float]]:
@@ -336,9 +308,7 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
              progress: bool = True, match_static: float | None = None,
              tuning_scales: tuple[float, ...] | None = None,
              past_capacity: Sequence[float] = PAST_CAPACITY_MULTIPLES,
-             frontier_ratios: Sequence[float] = FRONTIER_RATIOS,
-             frontier_grid: dict[str, tuple] | None = None,
-             cache_dir: Path | None = None) -> dict:
+             frontier_ratios: Sequence[float] = FRONTIER_RATIOS) -> dict:
     """Run the arena; returns ``{"rows", "capacity", "static_match", "past_capacity",
     "frontier", "deployment", ...}``.
 
@@ -352,25 +322,19 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
     :param past_capacity: multiples of best static's capacity at 99% to run every controller at
         (rows with ``"past_capacity_multiple"``); needs ``capacity`` and best static among
         ``controllers``, and is skipped otherwise (empty: skipped)
-    :param frontier_ratios: the KV ratios of the static frontier, measured at each of
-        ``scales`` (empty: no frontier)
-    :param frontier_grid: the grid the frontier's searches hold the ratio fixed in (default:
-        best static's)
-    :param cache_dir: where the frontier's searches are cached (default: best static's folder)
+    :param frontier_ratios: the KV ratios of the static frontier, best static's setting at each
+        (:func:`agents.registry.best_static`) measured at each of ``scales`` (empty: none)
     """
     config = config or EngineConfig()
     specs = {t: EvalSpec(t, part, profile_path, interval_s, config, tuning_scales=tuning_scales)
              for t in traces}
-    picks: dict[str, dict[float, Knobs]] = {}
     # resolve names and fill the best-static caches before fanning out (a search has its pool)
+    picks: dict[str, dict[float, BestStatic]] = {}
     for t in traces:
         resolve_trace(t)
         if "best-static" in controllers or ORACLE_NAME in controllers:
             make_controller("best-static", specs[t])
-        if frontier_ratios:
-            picks[t] = frontier_knobs(specs[t], frontier_ratios, grid=frontier_grid,
-                                      cache_dir=cache_dir, workers=workers, ray=ray,
-                                      progress=progress)
+        picks[t] = {r: best_static(specs[t], r) for r in frontier_ratios}
     jobs = [(specs[t], c, s, True) for t in traces for c in controllers for s in scales]
     t0 = time.perf_counter()
     rows: list[dict] = []
@@ -406,7 +370,7 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
             for (m, _), row in zip(past, done):
                 row["past_capacity_multiple"] = m
                 rows.append(row)
-        fjobs = [(specs[t], r, k, s) for t in traces for r, k in picks.get(t, {}).items()
+        fjobs = [(specs[t], r, best, s) for t in traces for r, best in picks[t].items()
                  for s in scales]
         frontier.extend(pool.map(_frontier_job, fjobs, desc="static frontier"))
     return {"rows": rows, "capacity": cap, "static_match": matched,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from agents.oracle import ORACLE_NAME
 from runtime.decider.controller import Controller, StaticController
@@ -20,6 +21,9 @@ from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 from runtime.session import DEFAULT_INTERVAL_S
+
+if TYPE_CHECKING:
+    from agents.controllers.best_static import BestStatic
 
 BASELINES = ("static", "best-static", "pid", "aimd", "heuristic")
 """the baselines every evaluation shows"""
@@ -42,37 +46,44 @@ class EvalSpec:
     config: EngineConfig = field(default_factory=EngineConfig)
     """engine limits and SLO classes"""
     static_knobs: Knobs = DEFAULT_KNOBS
-    """the knobs of ``static``"""
+    """the knobs of ``static`` and the PID's (with the engine config's batch share and admission
+    slack where it sets them: :meth:`runtime.engine.engine.EngineConfig.start_knobs`)"""
     tuning_scales: tuple[float, ...] | None = None
     """the rate scales best-static is tuned at (None: its TUNING_SCALES, around the trace's
     own rate)"""
 
 
-def _best_static_knobs(spec: EvalSpec) -> Knobs:
-    """Best static's knobs for the spec (tuned at its tuning scales): best-static's setting and
-    the oracle's anchor, so that the two rows of an arena run stand on the same search."""
-    from agents.controllers.best_static import best_static_knobs
+def best_static(spec: EvalSpec, kv_cache_ratio: float | None = None) -> BestStatic:
+    """Best static's setting for the spec, tuned at its tuning scales: best-static's and the
+    oracle's anchor, so that both rows of an arena run stand on the same search (with
+    ``kv_cache_ratio``: the static frontier's point at that ratio)."""
+    from agents.controllers.best_static import best_static_setting
 
     scales = {} if spec.tuning_scales is None else {"scales": spec.tuning_scales}
-    return best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
-                             config=spec.config, **scales)
+    return best_static_setting(spec.trace, part="train", profile_path=spec.profile_path,
+                               config=spec.config, kv_cache_ratio=kv_cache_ratio, **scales)
 
 
 def make_controller(name: str, spec: EvalSpec) -> Controller:
     """A controller by its name (see the module docstring). Raises ValueError for an unknown
     name and FileNotFoundError for a missing policy file."""
+    static = spec.config.start_knobs(spec.static_knobs)
     if name == "static":
-        return StaticController(spec.static_knobs)
+        return StaticController(static)
     if name == "best-static":
         from agents.controllers.best_static import BestStaticController
 
-        return BestStaticController(_best_static_knobs(spec))
+        best = best_static(spec)
+        return BestStaticController(best.knobs, best.admission)
     if name == ORACLE:
-        from agents.oracle import LookaheadOracle
+        from agents.oracle import LEVERS, LookaheadOracle, Setting
 
-        return LookaheadOracle(anchor=_best_static_knobs(spec), interval_s=spec.interval_s)
+        best = best_static(spec)
+        levers = (() if best.admission == spec.config.admission
+                  else (("admission", LEVERS["admission"].parse(best.admission)),))
+        return LookaheadOracle(anchor=Setting(best.knobs, levers), interval_s=spec.interval_s)
     if name == "pid":
-        return PidController()
+        return PidController(static=static)
     if name == "aimd":
         from agents.controllers.aimd import AimdController
 

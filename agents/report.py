@@ -90,11 +90,12 @@ def markdown_table(rows: Sequence[dict], capacity: Sequence[dict],
                          f"{e['capacity_99']:.3g} | {_fmt(e['goodput_at_capacity_99_rps'], '.2f')}"
                          f" | {pts} |")
     if frontier:
-        lines += ["", "Static frontier: best static's pick with the KV ratio held fixed", "",
-                  "| trace | rate x | KV ratio | knobs | mean KV GiB | interactive att. | "
+        lines += ["", "Static frontier: best static's setting with the KV ratio held fixed", "",
+                  "| trace | rate x | KV ratio | setting | mean KV GiB | interactive att. | "
                   "SLO att. | co-tenant served |", "|---|---|---|---|---|---|---|---|"]
         for f in frontier:
-            knobs = ", ".join(f"{k}={_knob(v)}" for k, v in f["knobs"].items() if k != RATIO_KNOB)
+            knobs = ", ".join([f"{k}={_knob(v)}" for k, v in f["knobs"].items()
+                               if k != RATIO_KNOB] + [f"admission={f['admission']}"])
             lines.append(f"| {f['trace']} | {f['rate_scale']:.3g} | {f[RATIO_KNOB]:g} | {knobs} | "
                          f"{f['mean_kv_gib']:.2f} | {f['interactive_attainment']:.2%} | "
                          f"{f['slo_attainment']:.2%} | {_share(f['cotenant_served_share'])} |")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from agents.arena import _row_job, run_episode, summary_at
-from agents.controllers.best_static import GRID, select_best
-from agents.registry import EvalSpec, make_controller
+from agents.controllers.best_static import GRID, BestStaticController, select_best
+from agents.registry import EvalSpec, best_static, make_controller
 from agents.report import markdown_table, plot, write_json
 from env.engine_choice import EngineChoice
 from env.replay import replay
@@ -27,7 +27,6 @@ from env.traces.locations import azure_trace_path, traces_dir
 from env.traces.mixed import BatchDrops, mixed
 from env.traces.resolve import resolve_trace
 from env.traces.transforms import rate_scale, time_window
-from runtime.decider.controller import StaticController
 from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS, Knobs
@@ -87,7 +86,7 @@ def test_rows_carry_per_class_memory_and_admission_figures_of_the_window(arena):
     assert result["deployment"]["cotenant"].startswith("cotenant_demand(")
     (row,) = [r for r in _rows(result, "static") if r["rate_scale"] == 2.0
               and "past_capacity_multiple" not in r]
-    ep = run_episode(rate_scale(resolve_trace(spec.trace), 2.0), StaticController(DEFAULT_KNOBS),
+    ep = run_episode(rate_scale(resolve_trace(spec.trace), 2.0), make_controller("static", spec),
                      interval_s=0.25, profile=Profile.load(), config=spec.config)
     s = ep.summary
     assert row["upper_bound"] is False and row["label"] == "static"
@@ -148,10 +147,13 @@ def test_each_frontier_point_is_best_static_at_its_ratio(arena, ratio):
         att = replay(trace, knobs, config=spec.config).summary.slo_attainment
         table.append({"knobs": list(knobs.as_tuple()), "mean_attainment": att})
     assert len(table) == math.prod(len(v) for k, v in GRID.items() if k != "kv_cache_ratio")
-    best = Knobs(*select_best(table)["knobs"])
+    best = select_best(table)["knobs"][:3]
     (point,) = [p for p in points if p["kv_cache_ratio"] == ratio and p["rate_scale"] == 1.0]
-    assert point["knobs"] == best.as_dict()
-    s = summary_at(spec, StaticController(best), 1.0)
+    assert list(point["knobs"].values())[:3] == best
+    # then best static's admission lever search around those knobs, and the setting replayed
+    setting = best_static(spec, ratio)
+    assert point["knobs"] == setting.knobs.as_dict() and point["admission"] == setting.admission
+    s = summary_at(spec, BestStaticController(setting.knobs, setting.admission), 1.0)
     assert point["mean_kv_gib"] == s["mean_kv_gib"]
     assert point["interactive_attainment"] == s["interactive_attainment"]
     assert point["cotenant_served_share"] == s["cotenant_served_share"]
