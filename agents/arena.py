@@ -307,8 +307,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
              capacity: bool = True, workers: int = 2, ray: bool | None = None,
              progress: bool = True, match_static: float | None = None,
              tuning_scales: tuple[float, ...] | None = None,
-             past_capacity: Sequence[float] = PAST_CAPACITY_MULTIPLES,
-             frontier_ratios: Sequence[float] = FRONTIER_RATIOS) -> dict:
+             past_capacity: Sequence[float] = (),
+             frontier_ratios: Sequence[float] = ()) -> dict:
     """Run the arena; returns ``{"rows", "capacity", "static_match", "past_capacity",
     "frontier", "deployment", ...}``.
 
@@ -321,9 +321,12 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
         ``"matched_static": True``
     :param past_capacity: multiples of best static's capacity at 99% to run every controller at
         (rows with ``"past_capacity_multiple"``); needs ``capacity`` and best static among
-        ``controllers``, and is skipped otherwise (empty: skipped)
+        ``controllers``, and is skipped otherwise (the command's default:
+        :data:`PAST_CAPACITY_MULTIPLES`; empty here, so training's final evaluation and the
+        benchmarks run what they ran)
     :param frontier_ratios: the KV ratios of the static frontier, best static's setting at each
-        (:func:`agents.registry.best_static`) measured at each of ``scales`` (empty: none)
+        (:func:`agents.registry.best_static`) measured at each of ``scales`` (the command's
+        default: :data:`FRONTIER_RATIOS`; empty here: none)
     """
     config = config or EngineConfig()
     specs = {t: EvalSpec(t, part, profile_path, interval_s, config, tuning_scales=tuning_scales)
