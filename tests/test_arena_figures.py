@@ -34,8 +34,8 @@ from runtime.locations import CHECKPOINTS_DIR_ENV, profiles_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALES = (1.0, 2.0)
-RATIOS = (0.5, 0.6, 0.95)
-"""0.5 and 0.95 are in best static's grid (read from its search), 0.6 is not (searched)"""
+RATIOS = (0.5, 0.6)
+"""0.5 is in best static's grid (read from its search), 0.6 is not (searched)"""
 CHOICE = EngineChoice(admission=AdmissionPolicy.SHED, admission_slack=0.5, cotenant=True)
 
 
@@ -157,10 +157,10 @@ def test_each_frontier_point_is_best_static_at_its_ratio(arena, ratio):
     assert point["mean_kv_gib"] == s["mean_kv_gib"]
     assert point["interactive_attainment"] == s["interactive_attainment"]
     assert point["cotenant_served_share"] == s["cotenant_served_share"]
-    # less KV memory lends more to the co-tenant
-    (full,) = [p for p in points if p["kv_cache_ratio"] == 0.95 and p["rate_scale"] == 1.0]
-    assert point["mean_kv_gib"] < full["mean_kv_gib"]
-    assert point["cotenant_served_share"] > full["cotenant_served_share"]
+    # less KV memory lends more to the co-tenant than best static's own setting does
+    row = _rows(result, "best-static", rate_scale=1.0)[0]
+    assert point["mean_kv_gib"] < row["mean_kv_gib"]
+    assert point["cotenant_served_share"] > row["cotenant_served_share"]
 
 
 def test_the_oracle_is_labelled_an_upper_bound_in_the_table_json_and_pareto_plot(arena):
