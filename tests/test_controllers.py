@@ -121,14 +121,14 @@ def test_pid_keeps_every_knob_within_its_box_around_the_static_knobs():
         assert s[0] - g.window_box <= a[0] <= s[0] + g.window_box
         assert s[1] - g.chunk_box <= a[1] <= s[1] + g.chunk_box
         assert a[2] == s[2]  # the KV ratio's box is empty by default
-    wide = obs(**Knobs(5.0, 16384, 0.9).as_dict())
+    wide = obs(**Knobs(5.0, 16384, 0.9).as_dict(), ttft_p99_ratio=1.0)  # not calm
     assert pid.decide(wide).knobs.prefill_chunk_tokens == 4096  # 2048 x 2
 
 
 def test_pid_goes_back_to_the_static_chunk_and_ratio_after_an_oom():
     pid = PidController(PidGains(kv_box_down=2.0, kv_box_up=2.0))
-    k = pid.decide(obs(**Knobs(20.0, 3072, 0.8).as_dict(), ooms=2.0, ttft_p99_ratio=0.5,
-                       ttft_p99_ratio_prev=0.5)).knobs
+    k = pid.decide(obs(**Knobs(20.0, 3072, 0.8).as_dict(), ooms=2.0, ttft_p99_ratio=0.7,
+                       ttft_p99_ratio_prev=0.7)).knobs
     assert (k.prefill_chunk_tokens, k.kv_cache_ratio) == (2048, 0.9)
     assert k.batch_window_ms != DEFAULT_KNOBS.batch_window_ms  # the window loop still runs
 
@@ -139,7 +139,22 @@ def test_pid_goes_back_to_the_static_knobs_when_attainment_is_bad():
     moved = Knobs(20.0, 3072, 0.9).as_dict()
     closing = replace(DEFAULT_KNOBS, batch_share=0.75)
     assert pid.decide(obs(**moved, slo_attainment=0.4)).knobs == closing
-    assert pid.decide(obs(**moved, slo_attainment=0.6)).knobs.batch_window_ms != 5.0
+    hot = dict(ttft_p99_ratio=1.0, ttft_p99_ratio_prev=1.0)  # not calm: the loops decide
+    assert pid.decide(obs(**moved, **hot, slo_attainment=0.6)).knobs.batch_window_ms != 5.0
+
+
+def test_pid_puts_the_window_and_chunk_back_to_static_after_two_calm_intervals():
+    pid = PidController()
+    moved = Knobs(20.0, 1024, 0.9).as_dict()
+    calm = dict(ttft_p99_ratio=0.2, tpot_p99_ratio=0.3, slo_attainment=1.0)
+    k = pid.decide(obs(**moved, **calm, ttft_p99_ratio_prev=0.2, tpot_p99_ratio_prev=0.3)).knobs
+    assert (k.batch_window_ms, k.prefill_chunk_tokens) == (5.0, 2048)
+    # one calm interval after a hot one: the loops still decide (the window lengthens on slack)
+    k = pid.decide(obs(**moved, **calm, ttft_p99_ratio_prev=1.2, tpot_p99_ratio_prev=0.3)).knobs
+    assert k.batch_window_ms > 20.0 and k.prefill_chunk_tokens != 2048
+    drift = PidController(PidGains(calm_static=False))
+    k = drift.decide(obs(**moved, **calm, ttft_p99_ratio_prev=0.2, tpot_p99_ratio_prev=0.3)).knobs
+    assert k.batch_window_ms > 20.0
 
 
 def test_best_static_grid_search_keeps_the_best_setting(tmp_path):

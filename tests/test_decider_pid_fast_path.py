@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.decider.pid import PidController, PidGains, batch_share_step
+from runtime.decider.pid import PidController, PidGains, _log_err, batch_share_step
 from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM, OBSERVATION_NAMES, fields_from_vector, vector_from_fields
 
@@ -27,6 +27,9 @@ def reference_decide(pid: PidController, observation: np.ndarray):
         u[3] += batch_share_step(e_w, e_w1, f["slo_attainment"], g)
     s = np.asarray(knobs_to_action(pid.static))
     u[4] = s[4]
+    e_t, e_t1 = (_log_err(f[n], g.tpot_setpoint) for n in ("tpot_p99_ratio", "tpot_p99_ratio_prev"))
+    if g.calm_static and max(e_w, e_t, e_w1, e_t1) < 0.0:
+        u[:2] = s[:2]
     if f["slo_attainment"] < g.bad_attainment:
         u[:3] = s[:3]
     elif f["ooms"] > 0.5:
@@ -56,7 +59,7 @@ vector_entries = st.one_of(
        st.sampled_from([PidGains(),
                         PidGains(window_kp=0.7, chunk_ki=0.3, kv_kp=2.0, oom_push=0.1,
                                  window_box=2.0, chunk_box=2.0, kv_box_down=0.3,
-                                 kv_box_up=2.0)]))
+                                 kv_box_up=2.0, calm_static=False)]))
 def test_fast_path_matches_the_field_by_field_computation(values, gains):
     pid = PidController(gains)
     obs = np.asarray(values, dtype=np.float32)
