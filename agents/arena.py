@@ -32,13 +32,14 @@ from runtime.engine.executor import GIB
 from runtime.engine.metrics import burst_onsets, recovery_times
 from runtime.engine.profile import Profile
 from runtime.engine.request import RejectReason
+from runtime.knobs import KNOB_NAMES, NUM_KNOBS
 from runtime.session import DEFAULT_INTERVAL_S, IntervalRecord
 
 DRAIN_LIMIT_S = 1800.0
 """a replay that has not drained this long after its last arrival is cut off (aborted)"""
 
-TIMELINE_KEYS = ("t", "batch_window_ms", "prefill_chunk_tokens", "kv_cache_ratio", "waiting",
-                 "running", "slo_attainment", "arrival_rate", "kv_utilization")
+TIMELINE_KEYS = ("t", *KNOB_NAMES, "waiting", "running", "slo_attainment", "arrival_rate",
+                 "kv_utilization")
 """what an episode's timeline holds per interval (the knobs are those decided at its end)"""
 
 
@@ -50,7 +51,7 @@ class EpisodeResult:
     """intervals decided"""
     sources: dict[str, int]
     """decisions by who made them"""
-    mean_knobs: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    mean_knobs: tuple[float, ...] = (0.0,) * NUM_KNOBS
     """the decided knobs, averaged over the decisions"""
     mean_kv_gib: float = 0.0
     """KV memory reserved, averaged over the intervals"""
@@ -63,7 +64,7 @@ class _Tally:
 
     def __init__(self, block_gib: float, record: bool) -> None:
         self.block_gib = block_gib
-        self.knob_sum = np.zeros(3)
+        self.knob_sum = np.zeros(NUM_KNOBS)
         self.kv_gib_sum = 0.0
         self.n = 0
         self.timeline: dict[str, list[float]] = {k: [] for k in TIMELINE_KEYS} if record else {}

@@ -1,6 +1,7 @@
 """Export a trained PPO policy to ONNX: the action path only, ready for the runtime decider.
 
-The graph computes, for a float32 ``obs`` of shape ``[batch, OBS_DIM]``::
+The graph computes, for a float32 ``obs`` of shape ``[batch, OBS_DIM]``, the actions
+``[batch, NUM_KNOBS]``::
 
     x = clip((obs - mean) / sqrt(var + eps), -clip_obs, clip_obs)     # VecNormalize, folded in
     action = clip(action_net(mlp_extractor.forward_actor(x)), -1, 1)   # SB3's deterministic action
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from runtime.knobs import NUM_KNOBS
 from runtime.observation import OBS_DIM, OBS_HIGH, OBS_LOW, SPEC_VERSION
 
 OPSET = 18
@@ -192,6 +194,9 @@ def export_policy(model, vecnormalize, path: str | Path, *, policy_version: str,
         opts.intra_op_num_threads = 1
         sess = ort.InferenceSession(tmp, opts, providers=["CPUExecutionProvider"])
         got = sess.run([OUTPUT_NAME], {INPUT_NAME: obs})[0]
+        if got.shape != (len(obs), NUM_KNOBS):
+            raise ExportParityError(f"the exported policy answers shape {list(got.shape)}, "
+                                    f"expected [{len(obs)}, {NUM_KNOBS}] (one action per knob)")
         diff = float(np.max(np.abs(got - expected)))
         if not np.isfinite(diff) or diff > atol:
             raise ExportParityError(f"ONNX actions differ from the torch policy by {diff:.3g} "

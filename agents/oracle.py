@@ -26,10 +26,12 @@ setting serves everything) keep the current setting if it is among the best, oth
 earliest candidate: the anchor (best static's setting, put first by the arena), so an oracle that
 finds nothing better behaves as best static does.
 
-Candidates. A candidate is a whole :class:`Setting`: the three knobs and the value of every extra
-lever the grid names. Levers are looked up by name in :data:`LEVERS`; a new engine lever becomes
-searchable by adding a :class:`Lever` there (how to set it on an engine, its grid) and naming it
-in ``OracleConfig.candidates``.
+Candidates. A candidate is a whole :class:`Setting`: the five knobs (``window``, ``chunk``,
+``ratio``, ``batch_share``, ``admission_slack`` in a grid) and the value of every extra lever the
+grid names (engine settings that are not knobs: the admission policy, ``max_num_seqs``). Levers
+are looked up by name in :data:`LEVERS`; a new engine lever becomes searchable by adding a
+:class:`Lever` there (how to set it on an engine, its grid) and naming it in
+``OracleConfig.candidates``.
 
 The interface the arena and the labeller use is small: :func:`score_setting` (fork an engine,
 apply a setting, run to the horizon, score) and :class:`LookaheadOracle` (a controller that reads
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from runtime.decider.decision import Decision, decided_by
-from runtime.engine.admission import ADMISSION_SLACK_RANGE, AdmissionPolicy
+from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.engine import Engine
 from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, Knobs
 
@@ -59,7 +61,8 @@ ORACLE_LABEL = "oracle (upper bound)"
 
 @dataclass(frozen=True)
 class Lever:
-    """A control beyond the three knobs that the oracle may set on an engine."""
+    """A control beyond the knobs that the oracle may set on an engine (a deployment
+    setting)."""
 
     name: str
     """its name in a candidate grid (``name=v1,v2,...``)"""
@@ -103,43 +106,28 @@ def _set_max_num_seqs(engine: Engine, value: float) -> None:
         engine.config = dataclasses.replace(engine.config, max_num_seqs=int(value))
 
 
-def _set_batch_share(engine: Engine, value: float) -> None:
-    engine.set_batch_share(value)
-
-
 _ADMISSION_CHOICES = tuple(p.value for p in AdmissionPolicy)
 
 
 def _set_admission(engine: Engine, value: float) -> None:
     mode = _ADMISSION_CHOICES[int(value)]
     if mode != engine.admission:
-        engine.set_admission(mode, engine.admission_slack)
-
-
-def _set_admission_slack(engine: Engine, value: float) -> None:
-    if value != engine.admission_slack:
-        engine.set_admission(engine.admission, value)
+        engine.set_admission(mode)
 
 
 LEVERS: dict[str, Lever] = {
     "max_num_seqs": Lever(
         "max_num_seqs", "the most requests running at once (vLLM's max_num_seqs), requests",
         1, 4096, _set_max_num_seqs, integer=True),
-    "batch_share": Lever(
-        "batch_share", "share of each step's prefill budget and sequence slots batch work may "
-        "take, fraction", 0.0, 1.0, _set_batch_share),
     "admission": Lever(
         "admission", "what happens to an interactive request late for its first token",
         0, len(_ADMISSION_CHOICES) - 1, _set_admission, integer=True,
         choices=_ADMISSION_CHOICES),
-    "admission_slack": Lever(
-        "admission_slack", "how long a request may wait without a first token before it is "
-        "late, TTFT targets", *ADMISSION_SLACK_RANGE, _set_admission_slack),
 }
 """Levers the oracle can search besides the knobs, by name."""
 
-_KNOB_KEYS = dict(zip(("window", "chunk", "ratio"), KNOB_NAMES))
-"""short names of the knobs in a candidate grid"""
+_KNOB_KEYS = dict(zip(("window", "chunk", "ratio", *KNOB_NAMES[3:]), KNOB_NAMES))
+"""names of the knobs in a candidate grid (short ones for the first three)"""
 
 
 @dataclass(frozen=True)
@@ -147,7 +135,7 @@ class Setting:
     """One candidate: the knobs and a value for each extra lever (by name, sorted)."""
 
     knobs: Knobs
-    """the three batching knobs"""
+    """the knobs (all five)"""
     levers: tuple[tuple[str, float], ...] = ()
     """``(name, value)`` of each extra lever in :data:`LEVERS`, sorted by name (a categorical
     lever's value is the index of its choice)"""
@@ -163,9 +151,14 @@ class Setting:
         return {**self.knobs.as_dict(), **dict(self.levers)}
 
     def label(self) -> str:
-        w, c, r = self.knobs.as_tuple()
+        """``window=.. chunk=.. ratio=..``, then the class and admission knobs where they
+        differ from the static default's, then the levers."""
+        k = self.knobs
+        knobs = "".join(f" {n}={getattr(k, n):g}" for n in KNOB_NAMES[3:]
+                        if getattr(k, n) != getattr(DEFAULT_KNOBS, n))
         extra = "".join(f" {n}={LEVERS[n].show(v)}" for n, v in self.levers)
-        return f"window={w:g} chunk={c} ratio={r:g}{extra}"
+        return (f"window={k.batch_window_ms:g} chunk={k.prefill_chunk_tokens} "
+                f"ratio={k.kv_cache_ratio:g}{knobs}{extra}")
 
 
 DEFAULT_CANDIDATES = "window=5;chunk=256,512,1024,2048,4096,8192,16384;ratio=0.95"
@@ -173,11 +166,13 @@ DEFAULT_CANDIDATES = "window=5;chunk=256,512,1024,2048,4096,8192,16384;ratio=0.9
 5 ms window and a 0.95 ratio (best static's window and ratio on both Azure traces)"""
 
 
-def parse_candidates(spec: str) -> list[Setting]:
+def parse_candidates(spec: str, base: Knobs = DEFAULT_KNOBS) -> list[Setting]:
     """The settings of a grid ``key=v1,v2,...;key=...``: every combination, in order.
 
-    Keys: ``window`` (ms), ``chunk`` (tokens), ``ratio``, or a lever of :data:`LEVERS`. A knob
-    left out takes its default value; a lever left out is not set.
+    Keys: ``window`` (ms), ``chunk`` (tokens), ``ratio``, ``batch_share``, ``admission_slack``
+    (TTFT targets), or a lever of :data:`LEVERS` (``admission``, ``max_num_seqs``). A knob left
+    out takes its value in ``base`` (the static default, or the oracle's anchor); a lever left
+    out is not set.
     """
     grid: dict[str, list[float]] = {}
     for part in (p.strip() for p in spec.split(";")):
@@ -201,13 +196,13 @@ def parse_candidates(spec: str) -> list[Setting]:
         except ValueError:
             raise ValueError(f"candidates: {key}={values!r} holds a value that is not a "
                              "number") from None
-    knob_axes = [grid.get(short, [getattr(DEFAULT_KNOBS, full)])
-                 for short, full in _KNOB_KEYS.items()]
+    knob_axes = [grid.get(short, [getattr(base, full)]) for short, full in _KNOB_KEYS.items()]
     lever_names = sorted(k for k in grid if k in LEVERS)
     settings = []
-    for w, c, r, *lv in itertools.product(*knob_axes, *(grid[n] for n in lever_names)):
+    for w, c, r, share, slack, *lv in itertools.product(*knob_axes,
+                                                        *(grid[n] for n in lever_names)):
         try:
-            knobs = Knobs(float(w), int(c), float(r))
+            knobs = Knobs(float(w), int(c), float(r), float(share), float(slack))
         except ValueError as e:
             raise ValueError(f"candidates: {e}") from None
         settings.append(Setting(knobs, tuple(zip(lever_names, lv))))
@@ -308,7 +303,7 @@ class LookaheadOracle:
 
     :param config: period, horizon, candidate grid and score weight
     :param anchor: a setting put first among the candidates (best static's, in the arena), so
-        that it wins ties
+        that it wins ties; knobs the candidate grid leaves out take its values
     :param interval_s: the decision interval of the sessions it will be bound to
     """
 
@@ -318,10 +313,13 @@ class LookaheadOracle:
     def __init__(self, config: OracleConfig | None = None, *, anchor: Setting | Knobs | None = None,
                  interval_s: float = 0.25) -> None:
         self.config = config if config is not None else OracleConfig()
-        candidates = parse_candidates(self.config.candidates)
         if anchor is not None:
             anchor = anchor if isinstance(anchor, Setting) else Setting(anchor)
+            # knobs the grid leaves out keep the anchor's (the deployment's batch share, slack)
+            candidates = parse_candidates(self.config.candidates, anchor.knobs)
             candidates = [anchor] + [c for c in candidates if c != anchor]
+        else:
+            candidates = parse_candidates(self.config.candidates)
         self.anchor: Setting | None = anchor
         self.interval_s = interval_s
         self.candidates: list[Setting] = candidates

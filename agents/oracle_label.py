@@ -15,7 +15,7 @@ The compressed ``.npz`` holds:
 - ``observations`` [n, OBS_DIM] float32: the observation vectors (``runtime.observation``)
 - ``settings`` [n, k] float32: the chosen setting, one column per name in ``setting_names``
   (the knobs in their units, then any lever; NaN where a lever is left unset)
-- ``actions`` [n, 3] float32: the chosen knobs as actions in [-1, 1] (``knobs_to_action``)
+- ``actions`` [n, NUM_KNOBS] float32: the chosen knobs as actions in [-1, 1] (``knobs_to_action``)
 - ``scores`` [n, candidates] float32: every candidate's horizon score (for soft or ranked labels)
 - ``window``, ``t_s``, ``rate_scale`` [n]: which window, the simulated time, its load
 - ``setting_names``, ``candidates`` (labels of the candidate settings), ``config`` (JSON)
@@ -44,7 +44,7 @@ from env.traces.resolve import resolve_trace
 from env.traces.trace import Trace
 from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
-from runtime.knobs import DEFAULT_KNOBS, knobs_to_action
+from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, knobs_to_action
 from runtime.observation import OBS_DIM
 
 
@@ -228,7 +228,7 @@ def save(labels: Labels, oracle: LookaheadOracle, cfg: LabelConfig) -> Path:
         cfg.out,
         observations=np.asarray(labels.observations, dtype=np.float32).reshape(-1, OBS_DIM),
         settings=np.asarray(labels.settings, dtype=np.float32).reshape(-1, len(names)),
-        actions=np.asarray(labels.actions, dtype=np.float32).reshape(-1, 3),
+        actions=np.asarray(labels.actions, dtype=np.float32).reshape(-1, NUM_KNOBS),
         scores=np.asarray(labels.scores, dtype=np.float32).reshape(-1, len(oracle.candidates)),
         window=np.asarray(labels.window, dtype=np.int32),
         t_s=np.asarray(labels.t_s, dtype=np.float64),

@@ -42,7 +42,8 @@ class EvalSpec:
     config: EngineConfig = field(default_factory=EngineConfig)
     """engine limits and SLO classes"""
     static_knobs: Knobs = DEFAULT_KNOBS
-    """the knobs of ``static``"""
+    """the knobs of ``static`` and the PID's (with the engine config's batch share and admission
+    slack where it sets them: :meth:`runtime.engine.engine.EngineConfig.start_knobs`)"""
     tuning_scales: tuple[float, ...] | None = None
     """the rate scales best-static is tuned at (None: its TUNING_SCALES, around the trace's
     own rate)"""
@@ -51,24 +52,27 @@ class EvalSpec:
 def make_controller(name: str, spec: EvalSpec) -> Controller:
     """A controller by its name (see the module docstring). Raises ValueError for an unknown
     name and FileNotFoundError for a missing policy file."""
+    static = spec.config.start_knobs(spec.static_knobs)
     if name == "static":
-        return StaticController(spec.static_knobs)
+        return StaticController(static)
     if name == "best-static":
-        from agents.controllers.best_static import BestStaticController, best_static_knobs
+        from agents.controllers.best_static import BestStaticController, best_static_setting
 
         scales = {} if spec.tuning_scales is None else {"scales": spec.tuning_scales}
-        knobs = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
-                                  config=spec.config, **scales)
-        return BestStaticController(knobs)
+        best = best_static_setting(spec.trace, part="train", profile_path=spec.profile_path,
+                                   config=spec.config, **scales)
+        return BestStaticController(best.knobs, best.admission)
     if name == ORACLE:
-        from agents.controllers.best_static import best_static_knobs
-        from agents.oracle import LookaheadOracle
+        from agents.controllers.best_static import best_static_setting
+        from agents.oracle import LEVERS, LookaheadOracle, Setting
 
-        anchor = best_static_knobs(spec.trace, part="train", profile_path=spec.profile_path,
+        best = best_static_setting(spec.trace, part="train", profile_path=spec.profile_path,
                                    config=spec.config)
-        return LookaheadOracle(anchor=anchor, interval_s=spec.interval_s)
+        levers = (() if best.admission == spec.config.admission
+                  else (("admission", LEVERS["admission"].parse(best.admission)),))
+        return LookaheadOracle(anchor=Setting(best.knobs, levers), interval_s=spec.interval_s)
     if name == "pid":
-        return PidController()
+        return PidController(static=static)
     if name == "aimd":
         from agents.controllers.aimd import AimdController
 

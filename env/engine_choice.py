@@ -23,13 +23,15 @@ class EngineChoice:
     """SLO classes: a preset (default, long-context) or name:ttft_s:tpot_s[:deadline_s],...,
     ttft_s optionally BASE+SECONDS/tok (default: the engine's DEFAULT_SLO_CLASSES)"""
     batch_share: float = EngineConfig.batch_share
-    """share of each step's chunk, of the sequence slots and of the KV blocks that batch-class
-    requests may take"""
+    """the batch_share knob to start with: share of each step's chunk, of the sequence slots and
+    of the KV blocks that batch-class requests may take (a controller may move it)"""
     admission: Annotated[AdmissionPolicy, tyro.conf.EnumChoicesFromValues] = AdmissionPolicy(
         EngineConfig.admission)
-    """what happens to interactive requests late for their first token"""
+    """what happens to interactive requests late for their first token (a deployment setting,
+    not a knob: no controller changes it; best static and the oracle may choose it)"""
     admission_slack: float = EngineConfig.admission_slack
-    """a request is late after waiting this many TTFT targets without a first token"""
+    """the admission_slack knob to start with: a request is late after waiting this many TTFT
+    targets without a first token (a controller may move it)"""
     cotenant: bool = False
     """lend the memory the engine leaves to the default co-tenant demand
     (env/traces/cotenant.py) and report the share served"""

@@ -1,4 +1,4 @@
-"""The Gymnasium environment: retune the three batching knobs of a serving engine every interval."""
+"""The Gymnasium environment: retune the knobs of a serving engine every interval."""
 
 from __future__ import annotations
 
@@ -22,26 +22,29 @@ from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, NUM_KNOBS, action_to_knobs,
 from runtime.observation import OBS_DIM, OBS_HIGH, OBS_LOW, observation_table
 from runtime.session import DEFAULT_INTERVAL_S
 
+_KNOB_ROWS = "\n".join(f"    | {i} | `{k.name}` | {k.low:g} .. {k.high:g} {k.unit}: {k.doc} |"
+                       for i, k in enumerate(KNOB_SPECS))
+
 
 class ServingEnv(gym.Env):
     __doc__ = f"""
     ## Description
     An LLM serving engine (continuous batching, chunked prefill, paged KV cache) replays a
     window of a real or synthetic request trace. Every decision interval the agent sets the
-    engine's three batching knobs; the engine then runs for one interval of simulated time (or
+    engine's knobs; the engine then runs for one interval of simulated time (or
     real time with the torch executor) and the agent observes what happened.
 
     ## Action Space
-    ``Box(-1, 1, (3,), float32)``, mapped to knobs by :func:`runtime.knobs.action_to_knobs`
-    (the window and the chunk on a log scale, the ratio linearly; the chunk rounded to 16).
-    As in production, the action is first clamped to ``max_step`` action units from the current
-    knobs (the decider's slew limit), so a policy trains under the limit it will serve under:
+    ``Box(-1, 1, ({NUM_KNOBS},), float32)``, mapped to knobs by
+    :func:`runtime.knobs.action_to_knobs` (each knob on its scale, rounded to its step; the
+    chunk to 16 tokens). As in production, the action is first clamped to ``max_step`` action
+    units from the current knobs (the decider's slew limit), so a policy trains under the limit
+    it will serve under. The admission policy is the engine config's (a deployment setting); the
+    slack acts under ``shed`` and ``late_to_back`` only:
 
     | index | knob | range |
     |---|---|---|
-    | 0 | `batch_window_ms` | 5 .. 200 ms: how long new arrivals wait before admission |
-    | 1 | `prefill_chunk_tokens` | 64 .. 16384 tokens: prefill tokens per engine iteration |
-    | 2 | `kv_cache_ratio` | 0.40 .. 0.95: share of free memory reserved for KV blocks |
+{_KNOB_ROWS}
 
     ## Observation Space
     ``Box(low, high, ({OBS_DIM},), float32)`` built by :class:`runtime.observation.FeatureBuilder`
@@ -167,7 +170,9 @@ class ServingEnv(gym.Env):
         self.session = ServingSession(window, interval_s=self.interval_s, profile=self.profile,
                                       config=self.engine_config, knobs=DEFAULT_KNOBS,
                                       weights=self.weights, executor=self._executor())
-        result = self.session.step(DEFAULT_KNOBS)
+        # the knobs the engine starts with: the static default's, with the engine config's batch
+        # share and admission slack (EngineConfig.start_knobs)
+        result = self.session.step(self.session.engine.knobs)
         info = self._info(result)
         return result.observation, info
 
@@ -177,7 +182,7 @@ class ServingEnv(gym.Env):
         values = action.tolist() if hasattr(action, "tolist") else list(action)
         if len(values) != NUM_KNOBS:
             raise ValueError(f"an action has {NUM_KNOBS} components, got {len(values)}")
-        knobs = action_to_knobs(slew_limit_one(*values, knobs_to_action(self.session.engine.knobs),
+        knobs = action_to_knobs(slew_limit_one(values, knobs_to_action(self.session.engine.knobs),
                                                self.max_step))
         result = self.session.step(knobs)
         truncated = self.session.window_over

@@ -305,11 +305,15 @@ def replay(executor: Executor, arrival_s: Sequence[float], prompt_tokens: Sequen
     if len(arrival_s) and float(arrival_s[0]) < 0:
         raise ValueError(f"arrival_s must start at or after 0, got {arrival_s[0]}")
     pacer = pacer if pacer is not None else SimulatedPacer()
-    fixed = decider is None or (isinstance(decider, StaticController) and decider.knobs == knobs)
     name = "static" if decider is None else getattr(decider, "name", type(decider).__name__)
     with gc_paused():  # collector pauses would land in iteration times (see runtime.gc_pause)
         t0 = time.perf_counter()
         engine = Engine(pacer.executor(executor), knobs, config)
+        # a static controller of the knobs the engine starts with changes nothing, unless it
+        # sets something on the engine when bound (best static's admission policy)
+        fixed = decider is None or (isinstance(decider, StaticController)
+                                    and decider.knobs == engine.knobs
+                                    and getattr(decider, "bind", None) is None)
         engine.add_requests(arrival_s, prompt_tokens, output_tokens, slo_class)
         session = Session(engine, interval_s=interval_s, pacer=pacer, history=history)
         if fixed and not pacer.realtime and on_interval is None and history == 0:
@@ -317,7 +321,7 @@ def replay(executor: Executor, arrival_s: Sequence[float], prompt_tokens: Sequen
             if engine.has_work():
                 engine.abort_all()
         else:
-            session.run(decider if decider is not None else StaticController(knobs),
+            session.run(decider if decider is not None else StaticController(engine.knobs),
                         max_s=max_s, on_interval=on_interval)
         wall_s = time.perf_counter() - t0
     return RunResult(engine.summary(), wall_s, engine, name, pacer.realtime,

@@ -6,8 +6,8 @@ the batch route's throughput, and an open-loop load run with a policy reload in 
     python scripts/bench_decider.py --load-duration 10   # a shorter load run
 
 The policy is ``checkpoints/shipped/policy.onnx`` when it exists and loads; otherwise a policy
-shaped like the real one (20 inputs, two tanh layers of 64, 3 outputs) exported as the tests do
-(``tests/policy_factory.py``, which needs torch). The output says which.
+shaped like the real one (OBS_DIM inputs, two tanh layers of 64, NUM_KNOBS outputs) exported as
+the tests do (``tests/policy_factory.py``, which needs torch). The output says which.
 
 In-process: the decider, the PID fallback and the floor (the same MLP, its weights read from the
 ONNX initializers, evaluated with plain numpy on a 1-D observation) are timed one call at a time
@@ -51,9 +51,10 @@ REPO = Path(__file__).resolve().parents[1]
 from runtime.decider.breaker import CircuitBreaker
 from runtime.decider.guard import GuardedDecider
 from runtime.decider.onnx_policy import SPEC_VERSION_KEY, OnnxPolicy, PolicyLoadError
-from runtime.knobs import Knobs
+from runtime.knobs import NUM_KNOBS, Knobs
 from runtime.locations import shipped_policy_dir
 from runtime.observation import (
+    OBS_DIM,
     OBSERVATION_NAMES,
     SPEC_ADAPTERS,
     adapt_vector,
@@ -96,8 +97,8 @@ def prepare_policies(folder: Path) -> tuple[str, str]:
                 "policy_version='bench-2')")
         subprocess.run([sys.executable, "-c", code, str(folder)], cwd=REPO, check=True,
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
-        description = ("synthetic: 20-64-64-3 tanh MLP exported by tests/policy_factory.py "
-                       "(no shipped policy)")
+        description = (f"synthetic: {OBS_DIM}-64-64-{NUM_KNOBS} tanh MLP exported by "
+                       "tests/policy_factory.py (no shipped policy)")
     return description, "policy-reload.onnx"
 
 
@@ -108,7 +109,8 @@ def observation_pool(n: int, seed: int = 0) -> list[dict[str, float]]:
     for _ in range(n):
         knobs = Knobs.clamped(float(np.exp(rng.uniform(np.log(5), np.log(200)))),
                               float(np.exp(rng.uniform(np.log(64), np.log(16384)))),
-                              float(rng.uniform(0.4, 0.95)))
+                              float(rng.uniform(0.4, 0.95)), float(rng.uniform(0, 1)),
+                              float(np.exp(rng.uniform(np.log(0.25), np.log(8)))))
         rate = float(rng.uniform(0, 400))
         f = {
             "arrival_rate_rps": rate, "arrival_rate_change_rps": float(rng.normal(0, 20)),
@@ -125,6 +127,13 @@ def observation_pool(n: int, seed: int = 0) -> list[dict[str, float]]:
             "ttft_p99_ratio_prev": float(rng.uniform(0, 2)),
             "tpot_p99_ratio_prev": float(rng.uniform(0, 2)),
             "kv_utilization_prev": float(rng.uniform(0, 1)),
+            "batch_waiting_requests": float(rng.integers(0, 50)),
+            "batch_running_requests": float(rng.integers(0, 64)),
+            "batch_backlog_tokens": float(rng.integers(0, 2_000_000)),
+            "batch_deadline_margin": float(rng.uniform(0, 1)),
+            "batch_goodput_tokens_s": float(rng.uniform(0, 20_000)),
+            "shed_requests": float(rng.integers(0, 3)),
+            "cotenant_demand_fraction": float(rng.uniform(0, 0.5)),
             **knobs.as_dict(),
         }
         pool.append({k: f[k] for k in OBSERVATION_NAMES})

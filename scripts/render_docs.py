@@ -12,7 +12,7 @@ from pathlib import Path
 
 import tyro
 
-from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS
+from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, NUM_KNOBS
 from runtime.observation import SPEC_ADAPTERS, SPEC_VERSION, observation_table
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "spec.md"
@@ -34,20 +34,26 @@ def render() -> str:
         f"Spec version: `{SPEC_VERSION}` (written into every exported policy; the runtime "
         "refuses a policy of another spec, except the older ones it still serves: "
         + ", ".join(f"`{v}`" for v in SPEC_ADAPTERS)
-        + ", whose vector differs only in the range of the prompt-length fields "
-        "and is rebuilt for it).\n\n"
+        + ": their vector is rebuilt from today's by an index map and a factor, and their "
+        "three actions set the first three knobs, the runtime's static knobs the others; see "
+        "`runtime/observation.py`).\n\n"
         "## Knobs (the action)\n\n"
-        "The action is `Box(-1, 1, (3,), float32)`; `runtime.knobs.action_to_knobs` maps it: "
-        "log scales for the window and the chunk, linear for the ratio, the chunk rounded to "
-        "the 16-token KV block.\n\n" + "\n".join(knobs) + "\n\n"
+        f"The action is `Box(-1, 1, ({NUM_KNOBS},), float32)`; "
+        "`runtime.knobs.action_to_knobs` maps it, each knob on its scale and rounded to its "
+        "step (the chunk to the 16-token KV block). The admission policy (`fcfs`, `shed`, "
+        "`late_to_back`) is a deployment setting, not a knob: the slack acts under `shed` and "
+        "`late_to_back` only.\n\n" + "\n".join(knobs) + "\n\n"
         "## Observation\n\n"
         "A float32 vector built by `runtime.observation.FeatureBuilder` from the engine's "
         "stats over the last decision interval. The REST API takes the fields by name, in the "
-        "units below.\n\n" + observation_table() + "\n\n"
+        "units below; a field marked with a default in the \"if absent\" column may be left "
+        "out (a spec-2 client's body still decides), a knob left out is the runtime's static "
+        "knob, an unknown field is refused.\n\n" + observation_table() + "\n\n"
         "## Reward\n\n" + reward_doc + "\n\n"
         "| weight | default |\n|---|---|\n"
         + "\n".join(f"| `{f}` | {getattr(RewardWeights(), f):g} |"
-                    for f in ("violation_weight", "memory_price", "oom_penalty")) + "\n")
+                    for f in ("violation_weight", "memory_price", "oom_penalty", "batch_weight",
+                              "cotenant_value")) + "\n")
 
 
 @dataclass

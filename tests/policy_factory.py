@@ -16,9 +16,16 @@ import onnx
 import torch
 
 from runtime.knobs import NUM_KNOBS
-from runtime.observation import OBS_DIM, SPEC_VERSION
+from runtime.observation import OBS_DIM, SPEC_ADAPTERS, SPEC_VERSION
 
 OPSET = 17
+SPEC2 = SPEC_ADAPTERS[next(v for v in SPEC_ADAPTERS if v.startswith("batchpilot-spec/2+"))]
+"""the spec-2 adapter: 20 inputs, 3 outputs (what ``policy-spec2.onnx`` was exported for)"""
+
+
+def make_spec2_mlp(seed: int = 0) -> torch.nn.Sequential:
+    """The torch MLP of ``policy-spec2.onnx``: spec 2's shape."""
+    return make_mlp(obs_dim=SPEC2.obs_dim, num_actions=SPEC2.num_actions, seed=seed)
 
 
 class _ActionPath(torch.nn.Module):
@@ -94,7 +101,11 @@ def write_fixtures(folder: Path) -> list[Path]:
                          spec_version="batchpilot-spec/0+000000000000"),
             # finite for a zero observation, NaN past half the first field's range
             write_policy(folder / "policy-nan-mid.onnx", make_mlp(seed=0), nan_above=0.5,
-                         policy_version="nan-mid")]
+                         policy_version="nan-mid"),
+            # a policy of the older spec 2 (20 inputs, 3 outputs), served through its adapter
+            write_policy(folder / "policy-spec2.onnx", make_spec2_mlp(seed=0),
+                         obs_dim=SPEC2.obs_dim, spec_version=SPEC2.version,
+                         policy_version="spec2-test")]
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from runtime.decider.pid import PidController, PidGains
 from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS, Knobs, knobs_to_action
 from runtime.observation import OBSERVATION_NAMES, vector_from_fields
+from tests.engine_factory import make_engine
 
 
 def obs(**fields) -> np.ndarray:
@@ -82,6 +85,10 @@ def test_heuristic_maps_the_batch_estimate_to_the_chunk_and_the_ratio():
 def test_heuristic_keeps_the_default_until_it_has_a_latency_sample():
     c = HeuristicController(Profile.load().memory)
     assert c.decide(obs(tpot_p99_ratio=0.0)).knobs == DEFAULT_KNOBS
+    # ... with the deployment's batch share and admission slack, which it finds in the knobs
+    deployed = replace(DEFAULT_KNOBS, batch_share=0.3, admission_slack=0.5)
+    assert c.decide(obs(tpot_p99_ratio=0.0, batch_share=0.3, admission_slack=0.5)).knobs == (
+        deployed)
 
 
 def test_pid_shortens_the_window_when_ttft_runs_over_and_is_stateless():
@@ -127,10 +134,12 @@ def test_pid_goes_back_to_the_static_chunk_and_ratio_after_an_oom():
 
 
 def test_pid_goes_back_to_the_static_knobs_when_attainment_is_bad():
+    # ... except the batch tap, which closes under pressure: 0.5 action units, a quarter share
     pid = PidController()
     moved = Knobs(20.0, 3072, 0.9).as_dict()
-    assert pid.decide(obs(**moved, slo_attainment=0.4)).knobs == DEFAULT_KNOBS
-    assert pid.decide(obs(**moved, slo_attainment=0.6)).knobs != DEFAULT_KNOBS
+    closing = replace(DEFAULT_KNOBS, batch_share=0.75)
+    assert pid.decide(obs(**moved, slo_attainment=0.4)).knobs == closing
+    assert pid.decide(obs(**moved, slo_attainment=0.6)).knobs.batch_window_ms != 5.0
 
 
 def test_best_static_grid_search_keeps_the_best_setting(tmp_path):
@@ -149,3 +158,78 @@ def test_best_static_grid_search_keeps_the_best_setting(tmp_path):
     assert result["best"] == best["knobs"]
     assert all(0.0 <= a <= 1.0 for r in result["table"] for a in r["attainment"])
     assert not math.isnan(result["best_mean_attainment"])
+
+
+def test_pid_closes_the_batch_tap_fast_in_a_burst_and_opens_it_slowly_in_calm():
+    # share 0.5 is action 0. Calm (TTFT p99 at 0.3 of target, half the 0.6 set point, twice):
+    # e = -1, du = -(0.5 * 0 + 0.1 * -1) = +0.1, the open step: share 0.55. A burst (TTFT from
+    # 0.3 to 3.0): e = log2(5), du = -(0.5 * (log2(5) + 1) + 0.1 * log2(5)) = -1.89, limited to
+    # the close step -0.5: share 0.25. Attainment under 0.95 closes by the step even in calm.
+    pid = PidController()
+    half = dict(batch_share=0.5, slo_attainment=1.0)
+    calm = pid.decide(obs(**half, ttft_p99_ratio=0.3, ttft_p99_ratio_prev=0.3)).knobs
+    burst = pid.decide(obs(**half, ttft_p99_ratio=3.0, ttft_p99_ratio_prev=0.3)).knobs
+    missing = pid.decide(obs(**dict(half, slo_attainment=0.9), ttft_p99_ratio=0.3,
+                             ttft_p99_ratio_prev=0.3)).knobs
+    assert (calm.batch_share, burst.batch_share, missing.batch_share) == (0.55, 0.25, 0.25)
+    # never above the static share, and the admission slack stays the static one
+    static = replace(DEFAULT_KNOBS, batch_share=0.8, admission_slack=0.5)
+    k = PidController(static=static).decide(obs(**static.as_dict(), ttft_p99_ratio=0.1,
+                                                ttft_p99_ratio_prev=0.1)).knobs
+    assert (k.batch_share, k.admission_slack) == (0.8, 0.5)
+    k = PidController(static=static).decide(obs(batch_share=0.8, admission_slack=2.0)).knobs
+    assert k.admission_slack == 0.5
+
+
+def test_aimd_and_the_heuristic_move_the_batch_share_the_way_the_pid_does():
+    aimd = AimdController()
+    assert aimd.decide(obs(batch_share=0.5, ttft_p99_ratio=0.5)).knobs.batch_share == 0.55
+    assert aimd.decide(obs(batch_share=0.5, ttft_p99_ratio=2.0)).knobs.batch_share == 0.25
+    h = HeuristicController(Profile.load().memory, tpot_target_s=0.05)
+    calm = dict(batch_share=0.5, tpot_p99_ratio=0.5, ttft_p99_ratio=0.3, ttft_p99_ratio_prev=0.3)
+    assert h.decide(obs(**calm)).knobs.batch_share == 0.55
+    assert h.decide(obs(**dict(calm, ttft_p99_ratio=3.0))).knobs.batch_share == 0.25
+
+
+def _mixed_trace_file(path, n_interactive: int = 600, n_batch: int = 400):
+    """Interactive requests at 18 per second (the default profile's edge) and a drop of long
+    batch requests in the first 5 s, as a plain CSV with an slo_class column."""
+    rng = np.random.default_rng(0)
+    ai = np.cumsum(rng.exponential(1 / 18.0, n_interactive))
+    pi, oi = rng.integers(200, 2000, n_interactive), rng.integers(20, 200, n_interactive)
+    ab = np.sort(rng.uniform(0, 5, n_batch))
+    pb, ob = rng.integers(4000, 8000, n_batch), rng.integers(200, 400, n_batch)
+    rows = sorted([(a, p, o, "interactive") for a, p, o in zip(ai, pi, oi)]
+                  + [(a, p, o, "batch") for a, p, o in zip(ab, pb, ob)])
+    path.write_text("arrival_s,prompt_tokens,output_tokens,slo_class\n"
+                    + "".join(f"{a:.4f},{p},{o},{c}\n" for a, p, o, c in rows))
+    return str(path)
+
+
+def test_best_static_picks_a_small_batch_share_and_shedding_when_batch_work_hurts(tmp_path):
+    # Measured: the batch drop costs interactive requests their SLOs under fcfs (91.6% with
+    # the tap open); closing it to 0.1 helps under every admission policy, and shedding at one
+    # TTFT target with share 0.1 is best (98.1%).
+    from agents.controllers.best_static import BestStaticController, best_static_setting
+
+    trace = _mixed_trace_file(tmp_path / "mixed.csv")
+    # the knob grid (one setting here), then the levers around its best; both cached
+    grid = {"batch_window_ms": (5.0,), "prefill_chunk_tokens": (2048,), "kv_cache_ratio": (0.9,)}
+    cache = tmp_path / "cache"
+    setting = best_static_setting(trace, part="all", scales=(1.0,), grid=grid, cache_dir=cache,
+                                  workers=1, progress=False)
+    assert setting.knobs == Knobs(5.0, 2048, 0.9, batch_share=0.1, admission_slack=1.0)
+    assert setting.admission == "shed"
+    (levers,) = cache.glob("mixed-*-levers-*.json")
+    got = {(r["admission"], r["admission_slack"], r["batch_share"]): round(r["mean_attainment"], 3)
+           for r in json.loads(levers.read_text())["table"]}
+    assert len(got) == 12  # 3 admission settings x 4 batch shares
+    assert got[("fcfs", 1.0, 1.0)] == 0.916 and got[("fcfs", 1.0, 0.1)] == 0.918
+    assert got[("shed", 0.5, 1.0)] == 0.972 and got[("shed", 0.5, 0.1)] == 0.979
+    assert got[("shed", 1.0, 1.0)] == 0.971 and got[("shed", 1.0, 0.1)] == 0.981
+    assert best_static_setting(trace, part="all", scales=(1.0,), grid=grid, cache_dir=cache,
+                               workers=1, progress=False) == setting  # from the cache
+    c = BestStaticController(setting.knobs, setting.admission)
+    e = make_engine()
+    c.bind(e)
+    assert e.admission == "shed"

@@ -12,7 +12,7 @@ from runtime.decider.breaker import CircuitBreaker
 from runtime.decider.guard import GuardedDecider, slew_limit
 from runtime.decider.onnx_policy import OnnxPolicy
 from runtime.decider.pid import PidController
-from runtime.knobs import DEFAULT_KNOBS, Knobs, action_to_knobs, knobs_to_action
+from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, Knobs, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM, OBSERVATION_INDEX, SPEC_VERSION
 from tests.conftest import observation
 from tests.policy_factory import export_policy_bytes, make_mlp
@@ -20,7 +20,7 @@ from tests.policy_factory import export_policy_bytes, make_mlp
 NO_BREAKER = CircuitBreaker(trip_after=0)
 
 
-def constant_policy(action: tuple[float, float, float], **kwargs) -> OnnxPolicy:
+def constant_policy(action: tuple[float, ...], **kwargs) -> OnnxPolicy:
     """A policy whose action is ``action`` whatever it observes."""
     mlp = make_mlp()
     with torch.no_grad():
@@ -87,7 +87,8 @@ def test_a_non_finite_field_the_pid_reads_moves_the_knobs_toward_the_static_ones
         return
     assert (d.source, d.reason) == ("static", "non-finite input; pid failed")
     cur = np.asarray(knobs_to_action(current))
-    expected = slew_limit(np.asarray(knobs_to_action(DEFAULT_KNOBS)), obs[-3:].astype(float), 0.25)
+    expected = slew_limit(np.asarray(knobs_to_action(DEFAULT_KNOBS)),
+                          obs[-NUM_KNOBS:].astype(float), 0.25)
     assert d.knobs == action_to_knobs(expected)
     assert d.knobs != DEFAULT_KNOBS and np.all(np.abs(expected - cur) <= 0.25 + 1e-6)
 
@@ -162,20 +163,20 @@ F09 = float(np.float32(0.9))  # what a float32 model answers for 0.9
 
 
 def test_the_slew_rate_limits_each_knob_change_around_the_observed_knobs():
-    policy = constant_policy((0.9, -0.9, 0.9))
-    current = action_to_knobs((-0.8, 0.8, -0.8))
+    policy = constant_policy((0.9, -0.9, 0.9, -0.9, 0.9))
+    current = action_to_knobs((-0.8, 0.8, -0.8, 0.8, -0.8))
     obs = observation(current)
     d = decider(policy, max_step=0.5).decide(obs)
-    c = obs[-3:].astype(float)
+    c = obs[-NUM_KNOBS:].astype(float)
     assert d.source == "policy"
-    assert d.knobs == action_to_knobs((c[0] + 0.5, c[1] - 0.5, c[2] + 0.5))
+    assert d.knobs == action_to_knobs(c + [0.5, -0.5, 0.5, -0.5, 0.5])
 
 
 def test_the_range_clamp_applies_after_the_slew():
-    policy = constant_policy((0.9, -0.9, 0.9))
-    obs = observation(action_to_knobs((0.8, -0.8, 0.8)))
+    policy = constant_policy((0.9, -0.9, 0.9, -0.9, 0.9))
+    obs = observation(action_to_knobs((0.8, -0.8, 0.8, -0.8, 0.8)))
     d = decider(policy, max_step=2.0).decide(obs)
-    assert d.knobs == action_to_knobs((F09, -F09, F09))
+    assert d.knobs == action_to_knobs((F09, -F09, F09, -F09, F09))
     assert slew_limit(np.array([3.0, -3.0, 0.0]), np.array([0.9, -0.9, 0.0]), 0.5).tolist() == [
         1.0, -1.0, 0.0]
 
@@ -184,7 +185,7 @@ def test_the_pid_is_slew_limited_too(tmp_path):
     obs = observation(ttft_p99_ratio=50.0, ttft_p99_ratio_prev=0.01, kv_utilization=1.0,
                       kv_utilization_prev=0.0, preemptions=30.0)
     unlimited = PidController().action(obs)
-    c = obs[-3:].astype(float)
+    c = obs[-NUM_KNOBS:].astype(float)
     assert max(abs(u - x) for u, x in zip(unlimited, c)) > 0.1
     d = decider(None, max_step=0.1).decide(obs)
     assert d.source == "pid"
@@ -210,7 +211,7 @@ def test_decide_batch_without_a_policy_and_with_a_failing_one(policy_path, monke
     out = d.decide_batch(rows)
     assert [(x.source, x.reason) for x in out] == [("pid", "policy error")] * 2
     assert d.decide_batch(np.zeros((0, OBS_DIM))) == []
-    with pytest.raises(ValueError, match=r"observations has shape \[n, 20\], got \[3, 4\]"):
+    with pytest.raises(ValueError, match=rf"observations has shape \[n, {OBS_DIM}\], got \[3, 4\]"):
         d.decide_batch(np.zeros((3, 4)))
 
 
@@ -229,16 +230,38 @@ def test_describe_says_what_is_loaded_and_why_not(policy_path, tmp_path):
 
 
 def test_the_scalar_and_batch_slew_limits_and_knob_mappings_agree():
-    """The decider limits one decision with three floats and a REST batch with numpy: the two
-    must give the same knobs for the same actions."""
+    """The decider limits one decision with unrolled floats and a REST batch with numpy: the
+    two must give the same knobs for the same actions."""
     from runtime.decider.guard import slew_limit, slew_limit_one
     from runtime.knobs import action_to_knobs, actions_to_knobs
 
     rng = np.random.default_rng(7)
-    actions = rng.uniform(-1.6, 1.6, (500, 3))
-    current = rng.uniform(-1.0, 1.0, (500, 3))
+    actions = rng.uniform(-1.6, 1.6, (500, NUM_KNOBS))
+    current = rng.uniform(-1.0, 1.0, (500, NUM_KNOBS))
     batch = slew_limit(actions, current, 0.5)
-    one = np.array([slew_limit_one(*a, c, 0.5) for a, c in zip(actions, current)])
+    one = np.array([slew_limit_one(a, c, 0.5) for a, c in zip(actions, current)])
     assert np.array_equal(batch, one)
     assert np.abs(one - current).max() <= 0.5 + 1e-12 and np.abs(one).max() <= 1.0
     assert actions_to_knobs(batch) == [action_to_knobs(a) for a in one]
+
+
+def test_a_spec2_policy_decides_the_first_three_knobs_and_the_static_knobs_the_rest():
+    # the spec-2 fixture (20 inputs, 3 outputs) through its adapter: its decision is the one it
+    # made under spec 2, on the vector spec 2 built, with the two new knobs the static ones
+    from tests.conftest import FIXTURES
+    from tests.policy_factory import SPEC2, make_spec2_mlp
+
+    static = Knobs(5.0, 2048, 0.9, batch_share=0.4, admission_slack=0.5)
+    d = decider(FIXTURES / "policy-spec2.onnx", max_step=2.0, static_knobs=static)
+    assert d.policy.spec_version == SPEC2.version and d.policy.num_actions == 3
+    rows = np.stack([observation(), observation(Knobs(50.0, 1024, 0.6, 0.1, 4.0),
+                                                arrival_rate_rps=900.0, batch_running_requests=30)])
+    with torch.no_grad():
+        spec2 = torch.clamp(make_spec2_mlp(seed=0)(torch.as_tensor(rows[:, SPEC2.index])), -1, 1)
+    for row, a in zip(rows, spec2.numpy()):
+        got = d.decide(row)
+        assert got.source == "policy"
+        want = action_to_knobs([*a.tolist(), *knobs_to_action(static)[3:]])
+        assert got.knobs.as_tuple()[3:] == (0.4, 0.5)
+        assert got.knobs.as_tuple()[:3] == pytest.approx(want.as_tuple()[:3], rel=1e-5)
+    assert d.decide_batch(rows) == [d.decide(r) for r in rows]

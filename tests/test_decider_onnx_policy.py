@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from runtime.decider.onnx_policy import OnnxPolicy, PolicyLoadError
+from runtime.knobs import NUM_KNOBS
 from runtime.observation import OBS_DIM, SPEC_VERSION
 from tests.conftest import observation
 from tests.policy_factory import export_policy_bytes, make_mlp
@@ -52,11 +53,16 @@ def test_policy_version_defaults_to_the_file_hash(tmp_path):
     (lambda: b"\x08\x07 this is not a protobuf", "model corrupt", r"onnxruntime cannot load"),
     (lambda: export_policy_bytes()[:500], "model corrupt", r"onnxruntime cannot load"),
     (lambda: export_policy_bytes(spec_version="batchpilot-spec/0+000000000000"), "spec mismatch",
-     r"exported for spec 'batchpilot-spec/0\+000000000000', the runtime's is 'batchpilot-spec/2"),
+     r"exported for spec 'batchpilot-spec/0\+000000000000', the runtime's is 'batchpilot-spec/3"),
     (lambda: export_policy_bytes(spec_version=None), "spec mismatch",
      r"has no 'batchpilot.spec_version' metadata"),
     (lambda: export_policy_bytes(make_mlp(obs_dim=OBS_DIM + 1), obs_dim=OBS_DIM + 1),
-     "bad model signature", r"'obs' has shape \['batch', 21\], expected \[batch, 20\]"),
+     "bad model signature",
+     rf"'obs' has shape \['batch', {OBS_DIM + 1}\], expected \[batch, {OBS_DIM}\]"),
+    (lambda: export_policy_bytes(make_mlp(num_actions=3)), "bad model signature",
+     rf"'action' has shape \['batch', 3\], expected \[batch, {NUM_KNOBS}\]"),
+    (lambda: export_policy_bytes(make_mlp(obs_dim=20, num_actions=3), obs_dim=20),
+     "bad model signature", rf"'obs' has shape \['batch', 20\], expected \[batch, {OBS_DIM}\]"),
     (lambda: export_policy_bytes(input_name="x"), "bad model signature",
      r"inputs are \['x'\], expected \['obs'\]"),
     (lambda: export_policy_bytes(output_name="y"), "bad model signature",
@@ -83,7 +89,8 @@ def test_refuses_a_model_that_answers_nan_somewhere_in_the_spec_ranges():
     # finite for a zero observation, NaN once the first field passes 0.5 of its range: the
     # zero-observation warm-up let it through, and every real decision went to the PID
     with pytest.raises(PolicyLoadError, match=r"the action is not finite for \d+ of 512 "
-                       r"observations across the spec's ranges \(first: \[nan, nan, nan\]"):
+                       r"observations across the spec's ranges \(first: \[nan, nan, nan, nan, "
+                       r"nan\]"):
         OnnxPolicy(export_policy_bytes(nan_above=0.5))
 
 
@@ -110,4 +117,4 @@ def test_threads_that_find_the_bound_buffers_busy_still_get_their_own_answer(pol
 
 def test_a_realistic_observation_gives_a_finite_action_in_range(policy_path):
     a = OnnxPolicy.load(policy_path).act(observation())
-    assert len(a) == 3 and all(-1.0 <= x <= 1.0 for x in a)
+    assert len(a) == NUM_KNOBS and all(-1.0 <= x <= 1.0 for x in a)

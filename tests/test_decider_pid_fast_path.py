@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.decider.pid import PidController, PidGains
+from runtime.decider.pid import PidController, PidGains, batch_share_step
 from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM, OBSERVATION_NAMES, fields_from_vector, vector_from_fields
 
@@ -24,13 +24,15 @@ def reference_decide(pid: PidController, observation: np.ndarray):
         u[0] -= g.window_kp * (e_w - e_w1) + g.window_ki * e_w
         u[1] -= g.chunk_kp * (e_c - e_c1) + g.chunk_ki * e_c
         u[2] += g.kv_kp * (e_k - e_k1) + g.kv_ki * e_k
+        u[3] += batch_share_step(e_w, e_w1, f["slo_attainment"], g)
     s = np.asarray(knobs_to_action(pid.static))
+    u[4] = s[4]
     if f["slo_attainment"] < g.bad_attainment:
-        u[:] = s
+        u[:3] = s[:3]
     elif f["ooms"] > 0.5:
-        u[1:] = s[1:]
-    low = s - [g.window_box, g.chunk_box, g.kv_box_down]
-    high = s + [g.window_box, g.chunk_box, g.kv_box_up]
+        u[1:3] = s[1:3]
+    low = s - [g.window_box, g.chunk_box, g.kv_box_down, g.share_box, 0.0]
+    high = s + [g.window_box, g.chunk_box, g.kv_box_up, 0.0, 0.0]
     u = np.where(np.isnan(u), u, np.minimum(np.maximum(u, low), high))
     return action_to_knobs(np.clip(u, -1.0, 1.0))
 
@@ -62,27 +64,31 @@ def test_fast_path_matches_the_field_by_field_computation(values, gains):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.fixed_dictionaries({n: st.floats(0, 50) for n in OBSERVATION_NAMES[:-3]}),
-       st.floats(-1, 1), st.floats(-1, 1), st.floats(-1, 1))
-def test_fast_path_matches_on_observations_built_from_fields(raw, a0, a1, a2):
+@given(st.fixed_dictionaries({n: st.floats(0, 50) for n in OBSERVATION_NAMES[:-NUM_KNOBS]}),
+       st.lists(st.floats(-1, 1), min_size=NUM_KNOBS, max_size=NUM_KNOBS))
+def test_fast_path_matches_on_observations_built_from_fields(raw, action):
     raw = dict(raw, arrival_rate_change_rps=raw["arrival_rate_change_rps"] - 25.0,
                kv_utilization=raw["kv_utilization"] / 50,
                kv_fragmentation=raw["kv_fragmentation"] / 50,
                slo_attainment=raw["slo_attainment"] / 50,
-               kv_utilization_prev=raw["kv_utilization_prev"] / 50)
-    raw.update(action_to_knobs((a0, a1, a2)).as_dict())
+               kv_utilization_prev=raw["kv_utilization_prev"] / 50,
+               batch_deadline_margin=raw["batch_deadline_margin"] / 50,
+               cotenant_demand_fraction=raw["cotenant_demand_fraction"] / 50)
+    raw.update(action_to_knobs(action).as_dict())
     obs = vector_from_fields(raw)
     pid = PidController()
     assert pid.decide(obs).knobs == reference_decide(pid, obs)
 
 
 def test_fast_path_refuses_a_wrong_shape_as_before():
-    with pytest.raises(ValueError, match=r"an observation has shape \(20,\), got \(1, 20\)"):
+    with pytest.raises(ValueError, match=rf"an observation has shape \({OBS_DIM},\), got "
+                                         rf"\(1, {OBS_DIM}\)"):
         PidController().decide(np.zeros((1, OBS_DIM), dtype=np.float32))
 
 
 def test_fast_path_names_a_non_finite_knob():
-    obs = vector_from_fields({n: 0.0 for n in OBSERVATION_NAMES[:-3]} | DEFAULT_KNOBS.as_dict())
-    obs[-2] = np.inf
+    obs = vector_from_fields({n: 0.0 for n in OBSERVATION_NAMES[:-NUM_KNOBS]}
+                             | DEFAULT_KNOBS.as_dict())
+    obs[-NUM_KNOBS + 1] = np.inf
     with pytest.raises(ValueError, match="prefill_chunk_tokens is not finite: inf"):
         PidController().action(obs)

@@ -6,8 +6,6 @@ constant); 100 KV blocks of 16 tokens at ratio 0.5.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -15,7 +13,7 @@ from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.profile import Profile
 from runtime.engine.request import RejectReason, Status
 from runtime.engine.sim_executor import SimulatedExecutor
-from runtime.knobs import DEFAULT_KNOBS, Knobs
+from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, Knobs
 from tests.engine_factory import hand_profile, make_engine, random_workload
 
 
@@ -262,16 +260,21 @@ def test_knobs_refuse_out_of_range_values_naming_the_knob():
         Knobs(5.0, 2048, 0.99)
     with pytest.raises(ValueError, match="not a multiple of the KV block size"):
         Knobs(5.0, 100, 0.9)
-    assert DEFAULT_KNOBS.as_tuple() == (5.0, 2048, 0.9)
-    assert math.isclose(Knobs.clamped(1000, 1e9, 0.1).batch_window_ms, 200.0)
+    with pytest.raises(ValueError, match="batch_share=1.5 is outside its range"):
+        Knobs(5.0, 2048, 0.9, batch_share=1.5)
+    with pytest.raises(ValueError, match=r"admission_slack=0.1 is outside its range "
+                                         r"\[0.25, 8\] TTFT targets"):
+        Knobs(5.0, 2048, 0.9, admission_slack=0.1)
+    assert DEFAULT_KNOBS.as_tuple() == (5.0, 2048, 0.9, 1.0, 1.0)
+    assert Knobs.clamped(1000, 1e9, 0.1, -2.0, 0.333) == Knobs(200.0, 16384, 0.4, 0.0, 0.33)
 
 
 def test_batch_action_mapping_agrees_with_the_single_one():
     from runtime.knobs import action_to_knobs, actions_to_knobs
 
     rng = np.random.default_rng(0)
-    actions = rng.uniform(-1.2, 1.2, (5000, 3))
-    actions[:3] = [[-1, -1, -1], [1, 1, 1], [0, 0, 0]]
+    actions = rng.uniform(-1.2, 1.2, (5000, NUM_KNOBS))
+    actions[:3] = [[-1.0], [1.0], [0.0]]
     assert actions_to_knobs(actions) == [action_to_knobs(a) for a in actions]
     with pytest.raises(ValueError, match="must be finite"):
-        actions_to_knobs(np.array([[0.0, np.nan, 0.0]]))
+        actions_to_knobs(np.array([[0.0, np.nan, 0.0, 0.0, 0.0]]))

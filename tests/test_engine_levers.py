@@ -8,13 +8,16 @@ The hand profile (tests/engine_factory.py): an iteration costs 10 ms + 1 ms per 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from runtime.engine.cotenant import CoTenantDemand
+from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.executor import GIB
 from runtime.engine.request import RejectReason, Status
+from runtime.engine.sim_executor import SimulatedExecutor
 from runtime.engine.slo import DEFAULT_SLO_CLASSES, SloTarget
 from runtime.knobs import Knobs
 from tests.engine_factory import hand_profile, make_engine, random_workload
@@ -188,7 +191,7 @@ def test_a_prefill_past_its_ttft_target_is_shed_and_its_blocks_freed():
 
 @pytest.mark.parametrize("bad, message", [
     ({"admission": "drop"}, "admission must be one of fcfs, shed, late_to_back, got 'drop'"),
-    ({"admission_slack": 0.0}, r"admission_slack must lie in \[0.1, 10\] TTFT targets, got 0.0"),
+    ({"admission_slack": 0.0}, r"admission_slack must lie in \[0.25, 8\] TTFT targets, got 0.0"),
     ({"batch_share": -0.1}, r"batch_share must lie in \[0, 1\], got -0.1"),
 ])
 def test_engine_config_refuses_bad_lever_settings_naming_them(bad, message):
@@ -249,7 +252,7 @@ def test_every_request_ends_finished_or_rejected_and_class_counts_add_up(levers)
     while e.has_work():
         t += 0.37
         if 3.0 < t < 3.5:
-            e.set_knobs(Knobs(5.0, 256, 0.42))  # a shrink preempts, batch first
+            e.set_knobs(replace(e.knobs, kv_cache_ratio=0.42))  # a shrink preempts, batch first
         e.run_until(t)
         e.check_invariants()
         ivs.append(e.collect_interval())
@@ -302,3 +305,54 @@ def test_a_deep_copy_of_a_running_engine_continues_exactly_as_the_original():
         engine.run_to_completion()
     assert [r.finish_s for r in twin.requests] == [r.finish_s for r in e.requests]
     assert twin.summary() == e.summary()
+
+
+def test_set_knobs_applies_the_batch_share_and_the_admission_slack():
+    # as the zero-share test: a batch request held at share 0 runs once set_knobs opens the tap
+    e = make_engine(batch_share=0.0)
+    assert e.knobs.batch_share == 0.0  # the config's start value is the knob's
+    e.add_requests([0.0], [100], [1], [B])
+    e.run_until(1.0)
+    assert e.set_knobs(replace(e.knobs, batch_share=0.5)) == 0.0
+    assert e.batch_share == 0.5
+    e.run_to_completion()
+    assert e.requests[0].finish_s == pytest.approx(1.110)
+    # as _late_workload under shed, with slack 2: B (TTFT target 1 s) is late only at 2.001 s,
+    # so it is served at 1.515 s (as under fcfs) and not shed; a slack set at 1.2 s to 1 sheds it
+    # at once (late since 1.001 s)
+    for slack, shed in ((2.0, 0), (1.0, 1)):
+        e = make_engine(max_num_seqs=1, admission="shed", admission_slack=2.0)
+        e.add_requests([0.0, 0.001, 0.5], [900, 100, 10], [50, 2, 2])
+        e.run_until(1.2)
+        e.set_knobs(replace(e.knobs, admission_slack=slack))
+        assert e.admission_slack == slack and e.knobs.admission_slack == slack
+        e.run_to_completion()
+        e.check_invariants()
+        assert e.summary().rejected_by_reason.get("shed", 0) == shed
+
+
+def test_engine_config_and_knobs_set_the_class_and_admission_knobs_in_one_place():
+    assert make_engine(admission_slack=0.5).knobs.admission_slack == 0.5
+    profile = hand_profile()
+    e = Engine(SimulatedExecutor(profile), Knobs(5.0, 2048, 0.5, batch_share=0.3))
+    assert (e.batch_share, e.knobs.batch_share) == (0.3, 0.3)
+    with pytest.raises(ValueError, match="^batch_share is 0.5 in the engine config but 0.3 in "
+                                         "the knobs: set it in one place$"):
+        Engine(SimulatedExecutor(profile), Knobs(5.0, 2048, 0.5, batch_share=0.3),
+               EngineConfig(batch_share=0.5))
+
+
+def test_interval_stats_carry_the_batch_deadline_margin_and_the_co_tenant_demand():
+    # a batch request with a 10-s deadline arrives at 0 and is held (share 0): at 4 s its margin
+    # is (10 - 4) / 10; the co-tenant wants 0.001 GiB of the 3,276,800 B left after the weights
+    classes = {INT: DEFAULT_SLO_CLASSES[INT], B: SloTarget(1.0, 1.0, deadline_s=10.0)}
+    e = make_engine(batch_share=0.0, slo_classes=classes,
+                    cotenant=CoTenantDemand(gib=np.array([0.001])))
+    iv = e.collect_interval()
+    assert (iv.batch_deadline_margin, iv.batch_backlog_tokens) == (1.0, 0)
+    e.add_requests([0.0], [100], [20], [B])
+    e.run_until(4.0)
+    iv = e.collect_interval()
+    assert iv.batch_deadline_margin == pytest.approx(0.6)
+    assert iv.batch_backlog_tokens == 120
+    assert iv.cotenant_demand_fraction == pytest.approx(0.001 * GIB / 3_276_800)

@@ -10,7 +10,7 @@ from gymnasium.utils.env_checker import check_env
 import env  # noqa: F401  (registers batchpilot/Serving-v0)
 from env.serving_env import ServingEnv
 from env.traces import LogNormalLengths, poisson
-from runtime.knobs import DEFAULT_KNOBS, action_to_knobs, knobs_to_action
+from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, NUM_KNOBS, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM
 
 
@@ -36,7 +36,7 @@ def test_registered_under_a_versioned_id_and_made_by_name():
     assert gym.spec(env.ENV_ID).entry_point == "env.serving_env:ServingEnv"
     e = gym.make(env.ENV_ID, episode_s=10.0)
     assert e.observation_space.shape == (OBS_DIM,)
-    assert e.action_space.shape == (3,)
+    assert e.action_space.shape == (NUM_KNOBS,)
     e.close()
 
 
@@ -46,7 +46,7 @@ def test_passes_gymnasium_env_checker():
 
 def test_two_resets_with_one_seed_give_identical_episodes():
     rng = np.random.default_rng(0)
-    actions = rng.uniform(-1, 1, (200, 3)).astype(np.float32)
+    actions = rng.uniform(-1, 1, (200, NUM_KNOBS)).astype(np.float32)
     a = rollout(small_env(), 123, actions)
     b = rollout(small_env(), 123, actions)
     c = rollout(small_env(), 124, actions)
@@ -61,7 +61,7 @@ def test_episode_ends_by_truncation_when_the_window_has_played():
     e = small_env(episode_s=5.0)
     e.reset(seed=0)
     for _ in range(1000):
-        _, _, term, trunc, info = e.step(np.zeros(3, np.float32))
+        _, _, term, trunc, info = e.step(np.zeros(NUM_KNOBS, np.float32))
         assert not term
         if trunc:
             break
@@ -79,13 +79,13 @@ def test_options_fix_the_window_and_the_rate_scale():
 
 
 def knobs_of(info) -> tuple:
-    return (info["batch_window_ms"], info["prefill_chunk_tokens"], info["kv_cache_ratio"])
+    return tuple(info[name] for name in KNOB_NAMES)
 
 
 def test_actions_map_to_knobs_by_the_shared_spec():
     e = small_env(max_step=2.0)  # no slew limit
     e.reset(seed=0)
-    a = np.array([0.3, -0.2, 0.5], np.float32)
+    a = np.array([0.3, -0.2, 0.5, -0.4, 0.1], np.float32)
     _, _, _, _, info = e.step(a)
     assert knobs_of(info) == action_to_knobs(a).as_tuple()
     np.testing.assert_allclose(knobs_to_action(DEFAULT_KNOBS)[2], 2 * (0.9 - 0.4) / 0.55 - 1)
@@ -94,9 +94,10 @@ def test_actions_map_to_knobs_by_the_shared_spec():
 def test_actions_are_slew_limited_as_the_decider_limits_them():
     e = small_env(max_step=0.5)
     e.reset(seed=0)
-    start = np.asarray(knobs_to_action(DEFAULT_KNOBS))  # (-1, 0.25, 0.82)
-    _, _, _, _, info = e.step(np.array([1.0, -1.0, -1.0], np.float32))
-    assert knobs_of(info) == action_to_knobs(start + np.array([0.5, -0.5, -0.5])).as_tuple()
+    start = np.asarray(knobs_to_action(DEFAULT_KNOBS))  # (-1, 0.25, 0.82, 1, -0.2)
+    _, _, _, _, info = e.step(np.array([1.0, -1.0, -1.0, -1.0, 1.0], np.float32))
+    assert knobs_of(info) == action_to_knobs(
+        start + np.array([0.5, -0.5, -0.5, -0.5, 0.5])).as_tuple()
 
 
 def test_reward_counts_violations_and_prices_memory():
@@ -108,7 +109,7 @@ def test_reward_counts_violations_and_prices_memory():
     e.reset(seed=0)
     terms = []
     for _ in range(100):
-        _, r, _, trunc, info = e.step(np.array([-1, 0, 1], np.float32))
+        _, r, _, trunc, info = e.step(np.array([-1, 0, 1, 1, -0.2], np.float32))
         terms.append(info["reward_terms"])
         assert r == pytest.approx(sum(info["reward_terms"].values()))
         if trunc:
@@ -120,7 +121,7 @@ def test_reward_counts_violations_and_prices_memory():
 def test_render_ansi_shows_the_knobs_and_the_queue():
     e = small_env(render_mode="ansi")
     e.reset(seed=0)
-    e.step(np.zeros(3, np.float32))
+    e.step(np.zeros(NUM_KNOBS, np.float32))
     text = e.render()
     assert "chunk" in text and "wait" in text and "SLO" in text
 
@@ -158,7 +159,7 @@ def test_torch_executor_episode_runs_real_forward_passes():
     assert type(e.session.engine.executor).__name__ == "TorchExecutor"
     done, steps = False, 0
     while not done:
-        obs, r, term, trunc, info = e.step(np.zeros(3, np.float32))
+        obs, r, term, trunc, info = e.step(np.zeros(NUM_KNOBS, np.float32))
         assert np.all(np.isfinite(obs)) and np.isfinite(r)
         done = term or trunc
         steps += 1

@@ -16,6 +16,7 @@ from env.traces import poisson
 from runtime.decider.controller import StaticController
 from runtime.engine.metrics import burst_onsets, recovery_times
 from runtime.engine.profile import Profile
+from runtime.knobs import DEFAULT_KNOBS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +67,7 @@ def test_run_episode_drains_the_window_and_counts_every_request():
     assert s["finished"] + s["rejected"] == len(trace)
     assert ep.sources == {"static": ep.decisions}
     assert len(ep.timeline["t"]) == ep.decisions
-    assert ep.mean_knobs == pytest.approx((5.0, 2048.0, 0.9))
+    assert ep.mean_knobs == pytest.approx(DEFAULT_KNOBS.as_tuple())
     ends = ep.timeline["t"]
     assert ep.decisions == math.ceil(ends[-1] / 0.25 - 1e-9)  # one per grid point, none skipped
     assert ends[-1] >= float(trace.arrival_s[-1])

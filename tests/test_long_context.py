@@ -19,13 +19,16 @@ from runtime.engine.slo import (
     parse_slo_classes,
     slo_classes_from_arg,
 )
+from runtime.knobs import Knobs
 from runtime.observation import (
+    OBS_DIM,
     OBSERVATION_INDEX,
     SPEC_ADAPTERS,
     SPEC_VERSION,
     adapt_vector,
     vector_from_fields,
 )
+from tests.conftest import observation
 from tests.engine_factory import hand_profile, make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,26 +108,35 @@ def test_resolved_quantised_arrivals_are_spread_within_their_step(tmp_path):
     np.testing.assert_array_equal(again.arrival_s, trace.arrival_s)
 
 
-def test_spec_2_covers_a_128k_token_prompt():
+def test_spec_2_and_later_cover_a_128k_token_prompt():
     fields = {"prompt_tokens_mean": 131072.0, "prompt_tokens_std": 0.0}
     v = vector_from_fields({**dict.fromkeys(OBSERVATION_INDEX, 0.0), **fields,
                             "batch_window_ms": 5.0, "prefill_chunk_tokens": 2048.0,
                             "kv_cache_ratio": 0.9})
     assert v[OBSERVATION_INDEX["prompt_tokens_mean"]] == 1.0
-    assert SPEC_VERSION.startswith("batchpilot-spec/2+")
+    assert SPEC_VERSION.startswith("batchpilot-spec/3+")
 
 
 def test_a_spec_1_policy_gets_the_vector_spec_1_built():
-    (version, factor), = SPEC_ADAPTERS.items()
+    # the spec-1 and spec-2 digests are those their policies were exported with
+    assert list(SPEC_ADAPTERS) == ["batchpilot-spec/2+fa1b6ac553c6",
+                                   "batchpilot-spec/1+ec2379fcdc3d"]
+    adapter = SPEC_ADAPTERS["batchpilot-spec/1+ec2379fcdc3d"]
     i = OBSERVATION_INDEX["prompt_tokens_mean"]
-    vec = np.zeros(len(factor), dtype=np.float32)
+    assert (adapter.obs_dim, adapter.num_actions) == (20, 3)
+    vec = np.zeros(OBS_DIM, dtype=np.float32)
     for x, spec1 in ((30_000.0, math.log1p(30_000) / math.log1p(65536)), (100_000.0, 1.0)):
         vec[i] = math.log1p(x) / math.log1p(131072)
-        assert adapt_vector(vec, factor)[i] == pytest.approx(spec1, abs=1e-6)
+        # the prompt field keeps its place (index 2) among spec 1's 20 fields
+        assert adapt_vector(vec, adapter)[i] == pytest.approx(spec1, abs=1e-6)
+    # spec 1 and 2 see the 17 measured fields of spec 2 and the first three knobs, in order
+    full = observation(Knobs(30.0, 1024, 0.7, 0.2, 3.0))
+    old = adapt_vector(full, SPEC_ADAPTERS["batchpilot-spec/2+fa1b6ac553c6"])
+    np.testing.assert_array_equal(old, np.concatenate([full[:17], full[-5:-2]]))
     if SHIPPED_POLICY.exists():
         policy = OnnxPolicy.load(SHIPPED_POLICY)
-        assert policy.spec_version == version == "batchpilot-spec/1+ec2379fcdc3d"
-        assert np.isfinite(policy.act(vec)).all()
+        assert policy.spec_version == adapter.version
+        assert policy.num_actions == 3 and np.isfinite(policy.act(vec)).all()
 
 
 def test_the_mooncake_alias_reads_from_the_traces_folder(tmp_path, monkeypatch):

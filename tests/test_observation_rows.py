@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from runtime.knobs import NUM_KNOBS
 from runtime.observation import (
     OBS_DIM,
     OBSERVATION_FIELDS,
@@ -37,7 +38,8 @@ def test_matches_vector_from_fields_row_by_row(rows):
 
 
 def test_knob_values_are_rounded_half_to_even_as_knobs_clamped_does():
-    row = [1.0] * (OBS_DIM - 3) + [12.5, 2056.0, 0.5]  # 12.5 ms -> 12; 2056 = 128.5 blocks -> 2048
+    # 12.5 ms -> 12; 2056 = 128.5 blocks -> 2048; a share of 0.125 -> 0.12; slack 0.625 -> 0.62
+    row = [1.0] * (OBS_DIM - NUM_KNOBS) + [12.5, 2056.0, 0.5, 0.125, 0.625]
     np.testing.assert_array_equal(vectors_from_rows([row])[0],
                                   vector_from_fields(dict(zip(OBSERVATION_NAMES, row))))
 
@@ -48,5 +50,5 @@ def test_names_the_first_non_finite_field_and_row():
     rows[1, 7] = np.nan
     with pytest.raises(ValueError, match="field 'kv_utilization' is not finite in row 1"):
         vectors_from_rows(rows)
-    with pytest.raises(ValueError, match=r"have shape \[n, 20\], got \[20\]"):
+    with pytest.raises(ValueError, match=rf"have shape \[n, {OBS_DIM}\], got \[{OBS_DIM}\]"):
         vectors_from_rows(np.ones(OBS_DIM))

@@ -27,7 +27,7 @@ from env.traces.trace import Trace
 from runtime.decider.controller import StaticController
 from runtime.engine.engine import Engine
 from runtime.engine.request import RejectReason, Status
-from runtime.knobs import KNOB_NAMES, Knobs, knobs_to_action
+from runtime.knobs import KNOB_NAMES, NUM_KNOBS, Knobs, knobs_to_action
 from runtime.observation import OBS_DIM
 from tests.engine_factory import hand_profile, make_engine, random_workload
 
@@ -208,11 +208,12 @@ def test_the_labeller_writes_an_observation_and_the_oracle_setting_for_every_int
         "window=5 chunk=256 ratio=0.9", "window=5 chunk=256 ratio=0.95",
         "window=5 chunk=4096 ratio=0.9", "window=5 chunk=4096 ratio=0.95"]
     assert d["scores"].shape == (n, 4)
-    grid = {(5.0, c, r) for c in (256.0, 4096.0) for r in (0.9, 0.95)}
+    grid = {(5.0, c, r, 1.0, 1.0) for c in (256.0, 4096.0) for r in (0.9, 0.95)}
     rows = {tuple(round(float(v), 6) for v in row) for row in d["settings"]}
     assert rows <= {tuple(round(v, 6) for v in g) for g in grid}
+    assert d["actions"].shape == (n, NUM_KNOBS)
     for row, action, scores in zip(d["settings"], d["actions"], d["scores"]):
-        knobs = Knobs(float(row[0]), int(row[1]), float(row[2]))
+        knobs = Knobs(float(row[0]), int(row[1]), float(row[2]), float(row[3]), float(row[4]))
         assert np.allclose(action, knobs_to_action(knobs), atol=1e-6)
         assert scores.max() == scores[list(d["candidates"]).index(
             f"window=5 chunk={knobs.prefill_chunk_tokens} ratio={knobs.kv_cache_ratio:g}")]
@@ -288,8 +289,8 @@ def test_the_admission_lever_is_set_on_the_forks_only_and_shows_by_name():
     e.run_until(2.0)
     candidates = parse_candidates("chunk=256;ratio=0.5;admission=fcfs,shed;admission_slack=0.8")
     assert [c.label() for c in candidates] == [
-        "window=5 chunk=256 ratio=0.5 admission=fcfs admission_slack=0.8",
-        "window=5 chunk=256 ratio=0.5 admission=shed admission_slack=0.8"]
+        "window=5 chunk=256 ratio=0.5 admission_slack=0.8 admission=fcfs",
+        "window=5 chunk=256 ratio=0.5 admission_slack=0.8 admission=shed"]
     f = e.fork(1.0)
     candidates[1].apply(f)
     assert (f.admission, f.admission_slack) == ("shed", 0.8)
@@ -312,3 +313,20 @@ def test_labelling_on_two_workers_gives_the_labels_of_one(tmp_path):
     assert len(a["observations"]) > 10
     for key in ("observations", "settings", "actions", "scores", "window", "t_s", "rate_scale"):
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_the_candidate_grammar_names_all_five_knobs_and_the_levers():
+    grid = parse_candidates("window=5;chunk=256,1024;ratio=0.9;batch_share=0.25,1;"
+                            "admission_slack=0.5;admission=fcfs,shed;max_num_seqs=64")
+    assert len(grid) == 8  # 2 chunks x 2 shares x 2 policies
+    first = grid[0]
+    assert first.knobs == Knobs(5.0, 256, 0.9, batch_share=0.25, admission_slack=0.5)
+    assert first.levers == (("admission", 0.0), ("max_num_seqs", 64.0))
+    assert first.label() == ("window=5 chunk=256 ratio=0.9 batch_share=0.25 admission_slack=0.5 "
+                             "admission=fcfs max_num_seqs=64")
+    # a knob the grid leaves out takes the base's value (the oracle's anchor's)
+    base = Knobs(20.0, 2048, 0.8, batch_share=0.5, admission_slack=2.0)
+    (only,) = parse_candidates("chunk=512", base)
+    assert only.knobs == Knobs(20.0, 512, 0.8, batch_share=0.5, admission_slack=2.0)
+    with pytest.raises(ValueError, match=r"candidates: batch_share=1.5 is outside its range"):
+        parse_candidates("batch_share=1.5")

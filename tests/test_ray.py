@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from agents.arena import _row_job  # noqa: E402
 from agents.controllers.best_static import _score  # noqa: E402
 from agents.parallel import JobRunner, run_jobs  # noqa: E402
+from runtime.knobs import NUM_KNOBS  # noqa: E402
 from tests.parallel_jobs import (  # noqa: E402
     arena_jobs,
     grid_jobs,
@@ -85,7 +86,7 @@ def test_ray_vec_env_sees_what_dummy_and_subproc_vec_envs_see(local_ray):
 
     # 12 intervals an episode: every copy resets within the 30 steps
     fns = [partial(make_env, "synthetic", (0.5, 2.5), {"episode_s": 3.0})] * 3
-    actions = np.random.default_rng(0).uniform(-1, 1, size=(30, 3, 3)).astype(np.float32)
+    actions = np.random.default_rng(0).uniform(-1, 1, size=(30, 3, NUM_KNOBS)).astype(np.float32)
     dummy = rollout(DummyVecEnv(fns), actions)
     subproc = rollout(SubprocVecEnv(fns), actions)
     got = rollout(RayVecEnv(fns, n_workers=2), actions)  # blocks of 2 and 1 environments
@@ -144,7 +145,7 @@ def test_train_py_vec_env_ray_puts_its_environment_copies_on_ray_actors(local_ra
         assert isinstance(venv.venv, RayVecEnv)
         assert [list(b) for b in venv.venv.blocks] == [[0, 1], [2]]
         obs = venv.reset()
-        obs, rewards, dones, infos = venv.step(np.zeros((3, 3), dtype=np.float32))
+        obs, rewards, dones, infos = venv.step(np.zeros((3, NUM_KNOBS), dtype=np.float32))
         assert obs.shape == (3, venv.observation_space.shape[0]) and len(infos) == 3
     finally:
         venv.close()

@@ -19,7 +19,13 @@ from runtime.api.settings import Settings
 from runtime.decider.breaker import CircuitBreaker
 from runtime.decider.guard import GuardedDecider
 from runtime.knobs import Knobs
-from runtime.observation import OBSERVATION_NAMES, SPEC_VERSION, vector_from_fields
+from runtime.observation import (
+    OBS_DIM,
+    OBSERVATION_NAMES,
+    REQUIRED_NAMES,
+    SPEC_VERSION,
+    vector_from_fields,
+)
 from runtime.server import create_app
 from tests.conftest import FIXTURES, raw_fields
 
@@ -237,12 +243,12 @@ def test_a_body_that_cannot_be_valid_is_refused_before_it_is_parsed(client):
     assert r.json() == {"detail": [{
         "loc": ["body"], "type": "invalid_shape",
         "msg": "cannot be observations: 4096 objects with 0 keys in all, where each observation "
-               "is an object of exactly 20 fields"}], "num_errors": 1}
+               f"is an object of {len(REQUIRED_NAMES)} to {OBS_DIM} fields"}], "num_errors": 1}
     repeated = json.dumps(raw_fields())[:-1] + ', "ooms": 0}'  # a key twice
     r = client.post("/v1/decide", content=repeated.encode() + b" " * 8192, headers=JSON)
     assert r.json()["detail"][0]["msg"] == (
-        "cannot be an observation: 1 objects with 21 keys in all, where each observation is an "
-        "object of exactly 20 fields")
+        f"cannot be an observation: 1 objects with {OBS_DIM + 1} keys in all, where each "
+        f"observation is an object of {len(REQUIRED_NAMES)} to {OBS_DIM} fields")
     strings = {"observations": [dict.fromkeys(OBSERVATION_NAMES, "x")] * 4096}
     r = client.post("/v1/decide/batch", json=strings)
     assert r.json()["detail"][0]["msg"] == (
@@ -452,3 +458,37 @@ def test_a_misspelt_setting_stops_the_server_naming_the_right_one(monkeypatch, p
 def test_the_log_level_is_read_in_any_case(monkeypatch, level):
     monkeypatch.setenv("BATCHPILOT_LOG_LEVEL", level)
     assert Settings().log_level == level.lower()
+
+
+# ----------------------------------------------------------------------------- spec-3 fields
+def test_a_spec2_body_still_decides_with_the_new_fields_at_their_neutral_defaults(policy_dir):
+    # a spec-2 client sends the 17 measured fields and 3 knobs; the server fills the 7 spec-3
+    # fields with their documented defaults and the 2 new knobs with its static knobs
+    static = Knobs(5.0, 2048, 0.9, batch_share=0.6, admission_slack=0.5)
+    d = GuardedDecider(policy_dir / "policy.onnx", breaker=CircuitBreaker(trip_after=0),
+                       static_knobs=static)
+    client = TestClient(create_app(Settings(policy_dir=policy_dir), decider=d))
+    full = raw_fields(static, batch_waiting_requests=0.0, batch_running_requests=0.0,
+                      batch_backlog_tokens=0.0, batch_deadline_margin=1.0,
+                      batch_goodput_tokens_s=0.0, cotenant_demand_fraction=0.0)
+    spec2 = {k: v for k, v in full.items() if k in OBSERVATION_NAMES[:17]
+             or k in ("batch_window_ms", "prefill_chunk_tokens", "kv_cache_ratio")}
+    assert len(spec2) == 20
+    want = d.decide(vector_from_fields(full)).as_dict()
+    r = client.post("/v1/decide", json=spec2)
+    assert r.status_code == 200 and r.json() == want and r.json()["source"] == "policy"
+    r = client.post("/v1/decide/batch", json={"observations": [spec2, full]})
+    assert r.status_code == 200 and r.json()["decisions"] == [want, want]
+
+
+def test_an_unknown_field_is_refused_naming_it_and_a_missing_required_one_too(client):
+    r = client.post("/v1/decide", json={**raw_fields(), "queue_depth": 3.0})
+    assert r.status_code == 422
+    assert r.json()["detail"] == [{"loc": ["body", "queue_depth"], "type": "extra_forbidden",
+                                   "msg": "Extra inputs are not permitted"}]
+    fields = raw_fields()
+    del fields["slo_attainment"], fields["shed_requests"]  # required, optional
+    r = client.post("/v1/decide/batch", json={"observations": [raw_fields(), fields]})
+    assert r.status_code == 422
+    assert r.json()["detail"] == [{"loc": ["body", "observations", 1, "slo_attainment"],
+                                   "type": "missing", "msg": "Field required"}]

@@ -11,6 +11,15 @@ the arena's higher rate scales, where only settings that matter once every contr
 failed would be picked. The result is cached in ``checkpoints/best_static/`` under a
 key of everything it depends on (trace, split, scales, profile, SLO classes, grid), so it is
 computed once per configuration and shipped with the repository.
+
+The class and admission levers are searched second, around the best three knobs (a full product
+would multiply the grid's 90 settings by every lever setting): the admission policy with its
+slack (:data:`ADMISSION_GRID`: first come first served, or shedding at 0.5 or 1 TTFT target;
+the policy is a deployment setting, so best static may pick it as an operator would) and, only
+when the trace has batch-class requests, the batch share (:data:`BATCH_SHARE_GRID`). The
+deployment's own setting (the engine config's) is the first candidate and wins ties. This second
+search is cached beside the first (``...-levers-KEY.json``); it costs 3 settings (no batch work)
+or 12 (batch work) against the first search's 90.
 """
 
 from __future__ import annotations
@@ -20,16 +29,19 @@ import itertools
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+
+import numpy as np
 
 from env.replay import replay
 from env.traces import rate_scale, split
 from env.traces.resolve import resolve_trace, trace_label
 from runtime.decider.controller import StaticController
-from runtime.engine.engine import EngineConfig
+from runtime.engine.admission import AdmissionPolicy
+from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.profile import Profile
-from runtime.knobs import Knobs
+from runtime.knobs import DEFAULT_KNOBS, Knobs
 from runtime.locations import best_static_dir
 
 TUNING_SCALES: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.0)
@@ -42,7 +54,17 @@ GRID: dict[str, tuple] = {
 }
 
 
+ADMISSION_GRID: tuple[tuple[str, float], ...] = (
+    (AdmissionPolicy.FCFS.value, 1.0), (AdmissionPolicy.SHED.value, 0.5),
+    (AdmissionPolicy.SHED.value, 1.0))
+"""(admission policy, admission slack) settings the lever search tries"""
+BATCH_SHARE_GRID: tuple[float, ...] = (1.0, 0.5, 0.25, 0.1)
+"""batch shares the lever search tries when the trace has batch-class requests"""
+
+
 def _score(args: tuple) -> tuple[tuple, list[float]]:
+    """Attainment at each scale of a setting: ``knobs_t`` (3 or 5 knob values) under ``config``
+    (whose admission policy applies)."""
     trace_spec, part, scales, knobs_t, profile_path, config = args
     trace = split(resolve_trace(trace_spec), part)
     profile = Profile.load(profile_path)
@@ -119,7 +141,8 @@ def best_static_knobs(trace_spec: str, *, part: str = "train",
                       grid: dict[str, tuple] | None = None, cache_dir: Path | None = None,
                       workers: int = 2, ray: bool | None = None,
                       progress: bool = True) -> Knobs:
-    """The best static knobs for a trace, from the cache or a fresh grid search."""
+    """The best static knobs of the grid (the first three; the others are the config's) for a
+    trace, from the cache or a fresh grid search."""
     config = config or EngineConfig()
     grid = grid or GRID
     profile = Profile.load(profile_path)
@@ -127,16 +150,108 @@ def best_static_knobs(trace_spec: str, *, part: str = "train",
     key = cache_key(trace_spec, part, scales, profile, config, grid, classes_used)
     path = Path(cache_dir or best_static_dir()) / f"{trace_label(trace_spec)}-{key}.json"
     if path.exists():
-        return Knobs(*select_best(json.loads(path.read_text())["table"])["knobs"])
+        return config.start_knobs(
+            Knobs(*select_best(json.loads(path.read_text())["table"])["knobs"]))
     result = grid_search(trace_spec, part=part, scales=scales, profile_path=profile_path,
                          config=config, grid=grid, workers=workers, ray=ray,
                          progress=progress)
     result["key"] = key
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
-    return Knobs(*result["best"])
+    return config.start_knobs(Knobs(*result["best"]))
+
+
+@dataclass(frozen=True)
+class BestStatic:
+    """Best static's choice: the five knobs, and the admission policy (a deployment setting)."""
+
+    knobs: Knobs
+    admission: str
+
+
+def _lever_candidates(config: EngineConfig, batch_work: bool) -> list[tuple[str, float, float]]:
+    """(admission, slack, batch share) settings, the deployment's first."""
+    base = (config.admission, config.admission_slack, config.batch_share)
+    shares = BATCH_SHARE_GRID if batch_work else (config.batch_share,)
+    out = [base] + [(a, slack, share) for a, slack in ADMISSION_GRID for share in shares]
+    return list(dict.fromkeys(out))
+
+
+def lever_search(trace_spec: str, knobs: Knobs, *, part: str = "train",
+                 scales: Sequence[float] = TUNING_SCALES,
+                 profile_path: str | Path | None = None, config: EngineConfig | None = None,
+                 batch_work: bool = False, workers: int = 2, ray: bool | None = None,
+                 progress: bool = True) -> dict:
+    """Score the admission and (with ``batch_work``) batch-share settings around ``knobs`` (the
+    best of the knob grid); returns the best and the whole table (see the module docstring)."""
+    from agents.parallel import run_jobs
+
+    config = config or EngineConfig()
+    profile_path = str(profile_path) if profile_path else None
+    candidates = _lever_candidates(config, batch_work)
+    neutral = replace(config, batch_share=DEFAULT_KNOBS.batch_share,
+                      admission_slack=DEFAULT_KNOBS.admission_slack)
+    jobs = [(trace_spec, part, tuple(scales),
+             replace(knobs, admission_slack=slack, batch_share=share).as_tuple(),
+             profile_path, replace(neutral, admission=admission))
+            for admission, slack, share in candidates]
+    t0 = time.perf_counter()
+    scored = run_jobs(_score, jobs, workers=workers, ray=ray, progress=progress,
+                      desc=f"best-static lever search on {trace_label(trace_spec)}")
+    table = [{"admission": a, "admission_slack": slack, "batch_share": share,
+              "attainment": atts, "mean_attainment": float(np.mean(atts))}
+             for (a, slack, share), (_, atts) in zip(candidates, scored)]
+    top = max(r["mean_attainment"] for r in table)
+    best = next(r for r in table if r["mean_attainment"] >= top - TIE_TOLERANCE)
+    return {"best": best, "knobs": list(knobs.as_tuple()), "table": table,
+            "seconds": time.perf_counter() - t0}
+
+
+def best_static_setting(trace_spec: str, *, part: str = "train",
+                        scales: Sequence[float] = TUNING_SCALES,
+                        profile_path: str | Path | None = None,
+                        config: EngineConfig | None = None, grid: dict[str, tuple] | None = None,
+                        cache_dir: Path | None = None, workers: int = 2,
+                        ray: bool | None = None, progress: bool = True) -> BestStatic:
+    """Best static's knobs and admission policy: the knob grid (:func:`best_static_knobs`),
+    then the lever search around its best (:func:`lever_search`), each from its cache or
+    computed and cached."""
+    config = config or EngineConfig()
+    grid = grid or GRID
+    knobs = best_static_knobs(trace_spec, part=part, scales=scales, profile_path=profile_path,
+                              config=config, grid=grid, cache_dir=cache_dir, workers=workers,
+                              ray=ray, progress=progress)
+    profile = Profile.load(profile_path)
+    trace_classes = set(split(resolve_trace(trace_spec), part).slo_class.tolist())
+    batch_work = any(config.slo_classes[c].is_batch for c in trace_classes)
+    key = cache_key(trace_spec, part, scales, profile, config, grid, sorted(trace_classes))
+    desc = {"knobs": list(knobs.as_tuple()), "admission": ADMISSION_GRID,
+            "batch_share": BATCH_SHARE_GRID if batch_work else None}
+    sub = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:8]
+    path = (Path(cache_dir or best_static_dir())
+            / f"{trace_label(trace_spec)}-{key}-levers-{sub}.json")
+    if path.exists():
+        best = json.loads(path.read_text())["best"]
+    else:
+        result = lever_search(trace_spec, knobs, part=part, scales=scales,
+                              profile_path=profile_path, config=config, batch_work=batch_work,
+                              workers=workers, ray=ray, progress=progress)
+        result["key"] = f"{key}-{sub}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        best = result["best"]
+    return BestStatic(replace(knobs, batch_share=best["batch_share"],
+                              admission_slack=best["admission_slack"]), best["admission"])
 
 
 class BestStaticController(StaticController):
-    def __init__(self, knobs: Knobs) -> None:
+    """Best static's knobs, with its admission policy set on the engine it is bound to (the
+    session binds it before the first interval)."""
+
+    def __init__(self, knobs: Knobs, admission: str | None = None) -> None:
         super().__init__(knobs, name="best-static")
+        self.admission = admission
+
+    def bind(self, engine: Engine) -> None:
+        if self.admission is not None and self.admission != engine.admission:
+            engine.set_admission(self.admission)

@@ -7,18 +7,22 @@ The exporter (``agents/``) writes, and this module accepts, exactly this:
 Input
     One input, named ``obs``: ``tensor(float)`` (float32) of shape ``[batch, OBS_DIM]`` with a
     dynamic (symbolic) ``batch`` axis and ``OBS_DIM = len(runtime.observation.OBSERVATION_FIELDS)``
-    (20 in spec 1). It is the vector that :func:`runtime.observation.vector_from_fields` and
+    (29 in spec 3; 20 in specs 1 and 2). It is the vector that
+    :func:`runtime.observation.vector_from_fields` and
     :class:`runtime.observation.FeatureBuilder` build, as is: any normalisation the training used
     (e.g. VecNormalize's running mean and variance, and its clip) is folded into the graph.
 Output
-    One output, named ``action``: ``tensor(float)`` of shape ``[batch, 3]``, the knobs in
+    One output, named ``action``: ``tensor(float)`` of shape ``[batch, NUM_KNOBS]`` (5 in spec
+    3; 3 in specs 1 and 2), the knobs in
     action coordinates in the order of ``runtime.knobs.KNOB_NAMES``, already clipped to
     [-1, 1] in the graph. It is the deterministic action (the policy mean, no sampling). The
     runtime maps it to knobs with :func:`runtime.knobs.action_to_knobs` and nothing else.
 Metadata (``ModelProto.metadata_props``)
     ``batchpilot.spec_version``, required: must equal ``runtime.observation.SPEC_VERSION`` or
-    name an older spec the runtime still serves (``runtime.observation.SPEC_ADAPTERS``: spec 1,
-    whose observation differs only in the prompt-length range), whose vector it then builds.
+    name an older spec the runtime still serves (``runtime.observation.SPEC_ADAPTERS``: specs 1
+    and 2, 20 inputs and 3 outputs), whose vector it then builds from today's (an index map and
+    a factor); its three actions are the first three knobs, the guard takes the others from its
+    static knobs.
     ``batchpilot.policy_version``, recommended: a non-empty string naming the weights (e.g.
     ``ppo-20250601-a1b2c3``); when absent the runtime uses ``sha256:<first 12 hex digits of the
     file>``. Any other key is free-form and shown by ``GET /v1/policy``; by convention
@@ -32,7 +36,7 @@ A model that breaks the contract is refused with a :class:`PolicyLoadError` whos
 one of ``model missing`` (no such file), ``model corrupt`` (unreadable, not ONNX, or onnxruntime
 cannot build a session), ``spec mismatch`` (spec version absent or different) and ``bad model
 signature`` (names, types or shapes differ, the batch axis is fixed, or the warm-up output is
-not ``[batch, 3]`` or not finite, for a zero observation or for any of
+not ``[batch, NUM_KNOBS]`` (the policy's spec's) or not finite, for a zero observation or for any of
 :func:`spec_range_observations`, drawn across the ranges of the spec). The decider then falls back
 to PID.
 
@@ -178,15 +182,19 @@ class OnnxPolicy:
                                   f"{spec!r}, the runtime's is {SPEC_VERSION!r}", path)
         self.spec_version = spec
         self._adapter = SPEC_ADAPTERS.get(spec)
-        """the factor from today's vector to the policy's spec (None: today's spec)"""
+        """today's vector to the policy's spec (None: today's spec)"""
+        self.obs_dim = self._adapter.obs_dim if self._adapter is not None else OBS_DIM
+        """the width of the policy's input (its spec's)"""
+        self.num_actions = self._adapter.num_actions if self._adapter is not None else NUM_KNOBS
+        """the width of its output: the first ``num_actions`` knobs"""
         self.policy_version = (self.metadata.get(POLICY_VERSION_KEY)
                                or f"sha256:{self.sha256[:12]}")
         self._check_signature(session)
         self._session = session
         self._output_names = [OUTPUT_NAME]
         # The bound single-row path: the observation is copied into _x, the action read from _y.
-        self._x = np.zeros((1, OBS_DIM), dtype=np.float32)
-        self._y = np.zeros((1, NUM_KNOBS), dtype=np.float32)
+        self._x = np.zeros((1, self.obs_dim), dtype=np.float32)
+        self._y = np.zeros((1, self.num_actions), dtype=np.float32)
         self._binding = session.io_binding()
         self._binding.bind_ortvalue_input(INPUT_NAME, ort.OrtValue.ortvalue_from_numpy(self._x))
         self._binding.bind_ortvalue_output(OUTPUT_NAME, ort.OrtValue.ortvalue_from_numpy(self._y))
@@ -220,7 +228,7 @@ class OnnxPolicy:
         if [o.name for o in outputs] != [OUTPUT_NAME]:
             raise self._refuse(f"outputs are {[o.name for o in outputs]}, "
                                f"expected [{OUTPUT_NAME!r}]")
-        for arg, width in ((inputs[0], OBS_DIM), (outputs[0], NUM_KNOBS)):
+        for arg, width in ((inputs[0], self.obs_dim), (outputs[0], self.num_actions)):
             if arg.type != "tensor(float)":
                 raise self._refuse(f"{arg.name!r} is {arg.type}, expected tensor(float)")
             shape = list(arg.shape)
@@ -239,11 +247,11 @@ class OnnxPolicy:
             for _ in range(NUM_WARMUP_RUNS):
                 self._run_bound(self._binding)
             for n in WARMUP_BATCH_SIZES:
-                y = self._session.run(self._output_names,
-                                      {INPUT_NAME: np.zeros((n, OBS_DIM), dtype=np.float32)})[0]
-                if y.shape != (n, NUM_KNOBS):
+                zeros = np.zeros((n, self.obs_dim), dtype=np.float32)
+                y = self._session.run(self._output_names, {INPUT_NAME: zeros})[0]
+                if y.shape != (n, self.num_actions):
                     raise self._refuse(f"{OUTPUT_NAME!r} has shape {list(y.shape)} for a batch "
-                                       f"of {n}, expected [{n}, {NUM_KNOBS}]")
+                                       f"of {n}, expected [{n}, {self.num_actions}]")
                 if not np.isfinite(y).all():
                     raise self._refuse(f"the action for a zero observation is not finite: "
                                        f"{y[0].tolist()}")
@@ -264,7 +272,8 @@ class OnnxPolicy:
 
     # ------------------------------------------------------------------ evaluation
     def act(self, observation: np.ndarray) -> list[float]:
-        """The action for one observation vector (shape ``(OBS_DIM,)``), as three floats.
+        """The action for one observation vector (shape ``(OBS_DIM,)``), as ``num_actions``
+        floats.
         Exceptions from onnxruntime propagate (the decider guards them)."""
         if self._adapter is not None:
             observation = adapt_vector(observation, self._adapter)
@@ -276,11 +285,12 @@ class OnnxPolicy:
             finally:
                 self._lock.release()
         # another thread holds the bound buffers: take the allocating path rather than wait
-        x = np.asarray(observation, dtype=np.float32).reshape(1, OBS_DIM)
+        x = np.asarray(observation, dtype=np.float32).reshape(1, self.obs_dim)
         return self._session.run(self._output_names, {INPUT_NAME: x})[0][0].tolist()
 
     def act_batch(self, observations: np.ndarray) -> np.ndarray:
-        """Actions ``[n, 3]`` for observations ``[n, OBS_DIM]``, in one run of the model."""
+        """Actions ``[n, num_actions]`` for observations ``[n, OBS_DIM]``, in one run of the
+        model."""
         x = np.ascontiguousarray(observations, dtype=np.float32)
         if self._adapter is not None:
             x = adapt_vector(x, self._adapter)

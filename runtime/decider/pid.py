@@ -1,4 +1,4 @@
-"""A PID controller in velocity form over the three knobs: the decider's fallback.
+"""A PID controller in velocity form over the knobs: the decider's fallback.
 
 Velocity form: each interval the controller moves the knobs (in action coordinates, [-1, 1]) by
 
@@ -20,6 +20,14 @@ Loops (errors are log2 ratios clipped to +-3, so a 10x overshoot moves no faster
 - KV ratio <- KV pressure: ``e = kv_utilization - kv_setpoint``, plus one unit per interval with
   preemptions (more KV needed) and minus ``oom_push`` when an OOM happened (activations need room).
   The sign is inverted: pressure raises the ratio.
+- batch share <- interactive TTFT: the window's error, ``du = -(Kp * (e_k - e_{k-1}) + Ki * e_k)``
+  (:func:`batch_share_step`): interactive TTFT above its set point closes the batch tap, calm
+  opens it; interval SLO attainment under ``share_attainment`` closes it by at least
+  ``share_close_step``. The move is slew-limited asymmetrically: it closes fast (at most
+  ``share_close_step`` a decision) and opens slowly (at most ``share_open_step``), and never
+  opens past the static share (the static default lets batch work take everything).
+- admission slack: held at the static knob (no measured rule beats a fixed slack; see
+  ``agents/controllers/best_static.py`` for the search that picks it).
 
 Safety. The PID is the fallback, so it must never do much worse than leaving the knobs alone: on
 the Mooncake trace the unguarded loops drove the KV ratio down and the chunk up and attained 19.8
@@ -35,7 +43,9 @@ at 2x). Three guards bound it around the static knobs (``static``, the decider's
 - an OOM guard: an interval with an OOM puts the chunk and the KV ratio back to the static
   knobs (under which the activation workspace was sized), whatever the loops say;
 - a return to static on bad signals: when interval SLO attainment falls below
-  ``bad_attainment``, the loops are not holding the SLO, so every knob goes back to static.
+  ``bad_attainment``, the loops are not holding the SLO, so every knob goes back to static,
+  except the batch share, which keeps closing (pressure is what its loop answers; closing the
+  tap gives the accelerator back to the interactive requests the attainment counts).
 """
 
 from __future__ import annotations
@@ -109,10 +119,40 @@ class PidGains:
     """how far (action units) the KV ratio may rise above the static knob"""
     bad_attainment: float = 0.5
     """interval SLO attainment below which every knob goes back to static"""
+    share_kp: float = 0.5
+    share_ki: float = 0.1
+    share_attainment: float = 0.95
+    """interval SLO attainment below which the batch tap closes by at least
+    ``share_close_step``"""
+    share_close_step: float = 0.5
+    """the most the batch share may fall in one decision (action units: 0.5 = a quarter of the
+    share's range)"""
+    share_open_step: float = 0.1
+    """the most the batch share may rise in one decision (action units: 0.1 = 5% of the
+    range)"""
+    share_box: float = 2.0
+    """how far (action units) the batch share may fall below the static knob (2: to 0)"""
 
 
 def _log_err(ratio: float, setpoint: float) -> float:
     return max(-3.0, min(3.0, math.log2(max(ratio, 1e-3) / setpoint)))
+
+
+def share_error(ttft_p99_ratio: float, g: PidGains) -> float:
+    """The batch share loop's error for an interval's TTFT p99 ratio (the window loop's)."""
+    return _log_err(ttft_p99_ratio, g.ttft_setpoint)
+
+
+def batch_share_step(e: float, e_prev: float, attainment: float, g: PidGains) -> float:
+    """The batch share's move this decision, in action units, from the interactive TTFT error
+    (``log2(ttft_p99_ratio / ttft_setpoint)``, clipped to +-3) now and an interval ago and the
+    interval's SLO attainment: velocity-form PI, at least ``share_close_step`` closed under
+    ``share_attainment``, slew-limited to ``[-share_close_step, share_open_step]``. The PID,
+    AIMD and the heuristic all move the share with it."""
+    du = -(g.share_kp * (e - e_prev) + g.share_ki * e)
+    if attainment < g.share_attainment:
+        du = min(du, -g.share_close_step)
+    return min(max(du, -g.share_close_step), g.share_open_step)
 
 
 class PidController:
@@ -131,7 +171,8 @@ class PidController:
         pass  # stateless: everything it needs is in the observation
 
     def errors(self, f: dict[str, float]) -> tuple[tuple[float, float], ...]:
-        """((e_k, e_{k-1}) for window, chunk, kv) from named observation fields."""
+        """((e_k, e_{k-1}) for window, chunk, kv) from named observation fields (the batch
+        share's loop reads the window's)."""
         g = self.gains
         ttft, ttft_prev = f["ttft_p99_ratio"], f["ttft_p99_ratio_prev"]
         tpot, tpot_prev = f["tpot_p99_ratio"], f["tpot_p99_ratio_prev"]
@@ -150,7 +191,7 @@ class PidController:
     def decide(self, observation: np.ndarray) -> Decision:
         return decided_by(action_to_knobs(self.action(observation)), self.name)
 
-    def action(self, observation: np.ndarray) -> tuple[float, float, float]:
+    def action(self, observation: np.ndarray) -> tuple[float, float, float, float, float]:
         """The next knobs in action coordinates, clipped to [-1, 1] (what :meth:`decide` maps
         to knobs).
 
@@ -166,10 +207,10 @@ class PidController:
         if observation.shape != (OBS_DIM,):
             raise ValueError(f"an observation has shape ({OBS_DIM},), got {observation.shape}")
         v = observation.tolist()
-        u0, u1, u2 = v[-NUM_KNOBS:]
-        if not math.isfinite(u0 + u1 + u2):
+        u0, u1, u2, u3, u4 = v[-NUM_KNOBS:]
+        if not math.isfinite(u0 + u1 + u2 + u3 + u4):
             # fields_from_vector refuses non-finite knobs (with the knob named): do the same
-            action_to_knobs((u0, u1, u2))
+            action_to_knobs((u0, u1, u2, u3, u4))
         g = self.gains
         ttft = math.expm1(v[_TTFT[0]] * _TTFT[1])
         ttft_prev = math.expm1(v[_TTFT_PREV[0]] * _TTFT_PREV[1])
@@ -186,14 +227,26 @@ class PidController:
         u0 -= g.window_kp * (e_w - e_w1) + g.window_ki * e_w
         u1 -= g.chunk_kp * (e_c - e_c1) + g.chunk_ki * e_c
         u2 += g.kv_kp * (e_k - e_k1) + g.kv_ki * e_k
-        s0, s1, s2 = self._static_action
-        if _ATT[1] + v[_ATT[0]] * _ATT[2] < g.bad_attainment:
+        attainment = _ATT[1] + v[_ATT[0]] * _ATT[2]
+        u3 += batch_share_step(e_w, e_w1, attainment, g)
+        s0, s1, s2, s3, s4 = self._static_action
+        u4 = s4  # the admission slack stays static
+        if attainment < g.bad_attainment:
             u0, u1, u2 = s0, s1, s2  # the loops are not holding the SLO: back to static
         elif math.expm1(v[_OOM[0]] * _OOM[1]) > 0.5:
             u1, u2 = s1, s2  # activations did not fit: back to the validated chunk and ratio
-        # bounded authority; min(max(.)) keeps NaN, as the range clip below does
-        u0 = min(max(u0, s0 - g.window_box), s0 + g.window_box)
-        u1 = min(max(u1, s1 - g.chunk_box), s1 + g.chunk_box)
-        u2 = min(max(u2, s2 - g.kv_box_down), s2 + g.kv_box_up)
-        # min(max(.)) keeps NaN as np.clip does, so action_to_knobs refuses it the same way
-        return (min(max(u0, -1.0), 1.0), min(max(u1, -1.0), 1.0), min(max(u2, -1.0), 1.0))
+        # bounded authority, then the ranges. Conditional clamps (0.03 us against 0.4 for
+        # min(max(.))) that keep NaN as np.clip does, so action_to_knobs refuses it the same way
+        lo, hi = s0 - g.window_box, s0 + g.window_box
+        u0 = lo if u0 < lo else hi if u0 > hi else u0
+        lo, hi = s1 - g.chunk_box, s1 + g.chunk_box
+        u1 = lo if u1 < lo else hi if u1 > hi else u1
+        lo, hi = s2 - g.kv_box_down, s2 + g.kv_box_up
+        u2 = lo if u2 < lo else hi if u2 > hi else u2
+        lo = s3 - g.share_box
+        u3 = lo if u3 < lo else s3 if u3 > s3 else u3
+        return (-1.0 if u0 < -1.0 else 1.0 if u0 > 1.0 else u0,
+                -1.0 if u1 < -1.0 else 1.0 if u1 > 1.0 else u1,
+                -1.0 if u2 < -1.0 else 1.0 if u2 > 1.0 else u2,
+                -1.0 if u3 < -1.0 else 1.0 if u3 > 1.0 else u3,
+                -1.0 if u4 < -1.0 else 1.0 if u4 > 1.0 else u4)

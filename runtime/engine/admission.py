@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import enum
 
+from runtime.knobs import KNOB_SPEC_BY_NAME
+
 
 class AdmissionPolicy(enum.StrEnum):
     FCFS = "fcfs"
@@ -37,5 +39,6 @@ class AdmissionPolicy(enum.StrEnum):
     """late requests wait behind on-time ones"""
 
 
-ADMISSION_SLACK_RANGE = (0.1, 10.0)
-"""the admission slack's allowed range, in TTFT targets"""
+_SLACK = KNOB_SPEC_BY_NAME["admission_slack"]
+ADMISSION_SLACK_RANGE = (_SLACK.low, _SLACK.high)
+"""the admission slack's allowed range, in TTFT targets (the ``admission_slack`` knob's)"""

@@ -43,6 +43,10 @@ class CoTenantDemand:
             raise ValueError("co-tenant demand must be finite and >= 0 GiB in every step")
         object.__setattr__(self, "gib", g)
 
+    def demand_gib(self, t: float) -> float:
+        """GiB wanted at time ``t``."""
+        return float(self.gib[math.floor(t / self.step_s) % len(self.gib)])
+
     def integrate(self, t0: float, t1: float, lendable_gib: float) -> tuple[float, float]:
         """``(served, demanded)`` GiB-seconds over ``[t0, t1)`` with ``lendable_gib`` on offer."""
         if t1 <= t0:

@@ -28,7 +28,7 @@ kept interactive first, so interactive prefill takes the chunk first and the new
 is the first preempted (for a block, for an interactive admission that does not fit, or when the
 ratio shrinks). ``batch_share`` caps batch work: at most ``floor(batch_share * chunk)`` prefill
 tokens a step and ``floor(batch_share * max_num_seqs)`` running batch requests (0 stops the batch
-tap, 1 lets batch work fill whatever interactive work leaves).
+tap, 1 lets batch work fill whatever interactive work leaves); KV blocks are capped the same way.
 
 Deadline-aware admission (:mod:`runtime.engine.admission`): with ``admission`` = ``shed`` or
 ``late_to_back``, an interactive request late for its first token is dropped or moved behind
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import dataclasses
 import heapq
 import math
 import operator
@@ -98,14 +99,16 @@ class EngineConfig:
     """keep every request in ``Engine.requests`` after it ends (tests and per-request reports);
     False drops finished and rejected ones, so a long-running serving loop's memory stays
     bounded (the run summary is exact either way)"""
-    batch_share: float = 1.0
-    """share of each step's prefill chunk and of the sequence slots that batch-class requests
-    may take, in [0, 1] (settable at run time with ``Engine.set_batch_share``)"""
+    batch_share: float = DEFAULT_KNOBS.batch_share
+    """the ``batch_share`` knob to start with: share of each step's prefill chunk, of the
+    sequence slots and of the KV blocks that batch-class requests may take, in [0, 1] (a knob:
+    ``Engine.set_knobs`` changes it at run time)"""
     admission: str = AdmissionPolicy.FCFS.value
     """what happens to an interactive request late for its first token: fcfs, shed or
     late_to_back (see runtime.engine.admission)"""
-    admission_slack: float = 1.0
-    """a request is late once it has waited this many TTFT targets without a first token"""
+    admission_slack: float = DEFAULT_KNOBS.admission_slack
+    """the ``admission_slack`` knob to start with: a request is late once it has waited this
+    many TTFT targets without a first token (a knob: ``Engine.set_knobs`` changes it)"""
     cotenant: CoTenantDemand | None = None
     """the memory demand of a co-located tenant, served from the memory the engine leaves"""
 
@@ -128,6 +131,25 @@ class EngineConfig:
             raise ValueError(f"admission_slack must lie in [{lo:g}, {hi:g}] TTFT targets, got "
                              f"{self.admission_slack}")
 
+    def start_knobs(self, knobs: Knobs) -> Knobs:
+        """The knobs an engine built with this config and ``knobs`` starts with: ``knobs``, with
+        the config's ``batch_share`` and ``admission_slack`` where the config sets them (a value
+        other than the static default's). Raises ValueError when both set one differently."""
+        changes = {}
+        for name in _CONFIG_KNOBS:
+            mine, theirs = getattr(self, name), getattr(knobs, name)
+            default = getattr(DEFAULT_KNOBS, name)
+            if mine != default and theirs != mine:
+                if theirs != default:
+                    raise ValueError(f"{name} is {mine} in the engine config but {theirs} in the "
+                                     "knobs: set it in one place")
+                changes[name] = mine
+        return dataclasses.replace(knobs, **changes) if changes else knobs
+
+
+_CONFIG_KNOBS = ("batch_share", "admission_slack")
+"""the knobs an EngineConfig may also set (their start values)"""
+
 
 def _check_batch_share(share: float) -> None:
     if not 0.0 <= share <= 1.0:
@@ -149,6 +171,7 @@ class Engine:
                               else executor.max_model_len)
         """the limit on prompt + output tokens in force"""
         self.block_size = self.memory.block_size
+        knobs = self.config.start_knobs(knobs)
         self.knobs = knobs
         self._max_batch_tokens = self._activation_limit(knobs)
         self.now = 0.0
@@ -177,8 +200,9 @@ class Engine:
         self.running: list[Request] = []
         self._num_running_batch = 0
         self._num_prefilling = 0  # running requests that still have prompt (or recompute) work
-        self._set_policy(self.config.admission, self.config.admission_slack)
-        self.batch_share = self.config.batch_share
+        self._set_policy(self.config.admission, knobs.admission_slack)
+        self.batch_share = knobs.batch_share
+        """the ``batch_share`` knob in force (read on every step)"""
         self._cotenant = self.config.cotenant
         self._mem_t = 0.0  # memory integrals are accounted up to here
         self.kv_gib_s = 0.0
@@ -410,12 +434,24 @@ class Engine:
         """The admission slack in force, in TTFT targets."""
         return self._slack
 
-    def set_admission(self, admission: str, slack: float) -> None:
-        """Change the admission policy and slack now (see :mod:`runtime.engine.admission`):
+    def set_admission(self, admission: str, slack: float | None = None) -> None:
+        """Change the admission policy (a deployment setting; the oracle tries it too) and, when
+        given, the ``admission_slack`` knob now (see :meth:`_apply_admission`)."""
+        slack = self._slack if slack is None else slack
+        EngineConfig(admission=admission, admission_slack=slack)  # checks both
+        if slack != self._slack:
+            self._account_memory()
+            self.knobs = dataclasses.replace(self.knobs, admission_slack=slack)
+        self._apply_admission(admission, slack)
+
+    def _apply_admission(self, admission: str, slack: float) -> None:
+        """Put an admission policy and slack in force (see :mod:`runtime.engine.admission`):
         waiting requests already late get the new policy at once (``shed`` also drops those in
         the late queue), the others when their new slack passes."""
-        EngineConfig(admission=admission, admission_slack=slack)  # checks both
         self._set_policy(admission, slack)
+        if self._fcfs:
+            return  # late requests keep their place: nothing to move (a slack knob per interval
+            # costs nothing under fcfs)
         now = self.now
         for r in list(self.waiting):
             if r.first_token_s is None and r.arrival_s + slack * r.ttft_target_s <= now:
@@ -465,13 +501,24 @@ class Engine:
         return (workspace - m.act_fixed_bytes) // m.act_bytes_per_token
 
     def set_knobs(self, knobs: Knobs) -> float:
-        """Apply new knobs now; returns the seconds the change cost (a pool resize stalls the
-        engine). Lowering the ratio below the blocks in use preempts the newest requests."""
-        if knobs == self.knobs:
+        """Apply new knobs now, all five (the one place knobs are applied); returns the seconds
+        the change cost (a pool resize stalls the engine). Lowering the ratio below the blocks in
+        use preempts the newest requests. A new ``batch_share`` applies from the next admission
+        and step (running batch requests are not preempted for it); a new ``admission_slack``
+        applies under the configured admission policy at once (see :meth:`_apply_admission`)."""
+        old = self.knobs
+        if knobs == old:
             return 0.0
         self._account_memory()
-        old = self.knobs
         self.knobs = knobs
+        if knobs.batch_share != old.batch_share:
+            self.batch_share = knobs.batch_share
+        if knobs.admission_slack != old.admission_slack:
+            self._apply_admission(self._policy.value, knobs.admission_slack)
+        if (knobs.batch_window_ms == old.batch_window_ms
+                and knobs.prefill_chunk_tokens == old.prefill_chunk_tokens
+                and knobs.kv_cache_ratio == old.kv_cache_ratio):
+            return 0.0  # the class and admission knobs leave the OOM chunk cap in force
         self._max_batch_tokens = self._activation_limit(knobs)
         self._chunk_cap = None
         if knobs.kv_cache_ratio == old.kv_cache_ratio:
@@ -496,10 +543,9 @@ class Engine:
 
     # ------------------------------------------------------------------ scheduling
     def set_batch_share(self, share: float) -> None:
-        """Set the share of the prefill chunk and sequence slots batch requests may take (it
-        applies from the next admission and step; running batch requests are not preempted)."""
+        """Set the ``batch_share`` knob alone (through :meth:`set_knobs`)."""
         _check_batch_share(share)
-        self.batch_share = share
+        self.set_knobs(dataclasses.replace(self.knobs, batch_share=share))
 
     def _account_memory(self) -> None:
         """Integrate the KV pool's GiB-seconds and the co-tenant's demand up to now."""
@@ -962,7 +1008,10 @@ class Engine:
         iv.waiting_tokens = self._waiting_tokens + self._batch_waiting_tokens
         iv.running = len(self.running)
         iv.batch_running = self._num_running_batch
-        iv.batch_backlog_tokens = self._batch_backlog_tokens()
+        iv.batch_backlog_tokens, iv.batch_deadline_margin = self._batch_backlog()
+        if self._cotenant is not None:
+            iv.cotenant_demand_fraction = (self._cotenant.demand_gib(self.now) * GIB
+                                           / self.memory.free_after_weights)
         iv.kv_utilization = self.pool.utilization()
         iv.kv_fragmentation = self.pool.fragmentation()
         iv.kv_blocks = self.pool.num_blocks
@@ -970,11 +1019,26 @@ class Engine:
         self._interval = IntervalStats(start_s=self.now)
         return iv
 
-    def _batch_backlog_tokens(self) -> int:
+    def _batch_backlog(self) -> tuple[int, float]:
+        """(tokens the batch requests in the engine still have to compute, their least deadline
+        margin: (deadline - now) / (deadline - arrival), floored at 0; 1 when there are none)."""
         n = self._num_running_batch
-        todo = sum(r.prompt_tokens + r.output_tokens - r.num_computed_tokens
-                   for r in self.running[len(self.running) - n:]) if n else 0
-        return todo + sum(r.prompt_tokens + r.output_tokens for r in self.waiting_batch)
+        if not n and not self.waiting_batch:
+            return 0, 1.0
+        now = self.now
+        todo = 0
+        margin = 1.0
+        for r in self.running[len(self.running) - n:]:
+            todo += r.prompt_tokens + r.output_tokens - r.num_computed_tokens
+            m = (r.deadline_s - now) / (r.deadline_s - r.arrival_s)
+            if m < margin:
+                margin = m
+        for r in self.waiting_batch:
+            todo += r.prompt_tokens + r.output_tokens
+            m = (r.deadline_s - now) / (r.deadline_s - r.arrival_s)
+            if m < margin:
+                margin = m
+        return todo, max(0.0, margin)
 
     def _oldest_wait_ratio(self) -> float:
         oldest: Request | None = self.late[0] if self.late else None  # late ones waited longest

@@ -91,6 +91,12 @@ class IntervalStats:
     batch_backlog_tokens: int = 0
     """tokens the batch requests in the engine (waiting or running) still have to compute,
     outputs counted at their full length"""
+    batch_deadline_margin: float = 1.0
+    """min over the batch requests in the engine (waiting or running) of (deadline - now) /
+    (deadline - arrival), floored at 0; 1 when there are none"""
+    cotenant_demand_fraction: float = 0.0
+    """the co-tenant's demand at the end of the interval over the memory left after the
+    weights (0 without a co-tenant)"""
 
     @property
     def duration_s(self) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from operator import itemgetter
@@ -17,7 +18,14 @@ from runtime.api.parsing import JSON_MEDIA_TYPE, check_content_type, parse_batch
 from runtime.api.schemas import BatchResponse, DecisionOut
 from runtime.decider.decision import Decision
 from runtime.decider.guard import GuardedDecider
-from runtime.observation import OBSERVATION_NAMES, vector_from_fields, vectors_from_rows
+from runtime.knobs import Knobs
+from runtime.observation import (
+    OBS_DIM,
+    OBSERVATION_NAMES,
+    field_defaults,
+    vector_from_fields,
+    vectors_from_rows,
+)
 
 router = APIRouter(prefix="/v1", tags=["decide"])
 
@@ -35,11 +43,19 @@ _DECISION = TypeAdapter(DecisionOut)
 _row = itemgetter(*OBSERVATION_NAMES)
 
 
+@functools.lru_cache(maxsize=4)
+def _defaults(static_knobs: Knobs) -> dict[str, float]:
+    """:func:`runtime.observation.field_defaults`, built once per static knobs (a decider's are
+    fixed; read only)."""
+    return field_defaults(static_knobs)
+
+
 def decision_out(d: Decision) -> DecisionOut:
     k = d.knobs
     return {"knobs": {"batch_window_ms": k.batch_window_ms,
                       "prefill_chunk_tokens": k.prefill_chunk_tokens,
-                      "kv_cache_ratio": k.kv_cache_ratio},
+                      "kv_cache_ratio": k.kv_cache_ratio, "batch_share": k.batch_share,
+                      "admission_slack": k.admission_slack},
             "source": d.source, "reason": d.reason, "spec_version": d.spec_version,
             "policy_version": d.policy_version}
 
@@ -59,7 +75,8 @@ async def decide(request: Request, services: ServicesDep) -> Response:
     check_content_type(request.headers.get("content-type"))
     observation = parse_observation(await request.body())
     t0 = time.perf_counter()
-    d = services.decider.decide(vector_from_fields(observation), client=True)
+    decider = services.decider
+    d = decider.decide(vector_from_fields(observation, decider.static_knobs), client=True)
     services.metrics.record("decide", d, time.perf_counter() - t0)
     return Response(_DECISION.dump_json(decision_out(d)), media_type=JSON_MEDIA_TYPE)
 
@@ -68,8 +85,11 @@ def _decide_body(body: bytes, decider: GuardedDecider, metrics: ServerMetrics) -
     observations = parse_batch(body)
     t0 = time.perf_counter()
     if observations:
-        # the rows in OBSERVATION_NAMES order, whatever order the client sent the fields in
-        rows = np.array([_row(o) for o in observations], dtype=np.float64)
+        # the rows in OBSERVATION_NAMES order, whatever order the client sent the fields in, the
+        # optional fields it left out filled in
+        defaults = _defaults(decider.static_knobs)
+        rows = np.array([_row(o) if len(o) == OBS_DIM else _row({**defaults, **o})
+                         for o in observations], dtype=np.float64)
         decisions = decider.decide_batch(vectors_from_rows(rows))
     else:
         decisions = []
