@@ -28,6 +28,9 @@ pytestmark = pytest.mark.training_stack
 
 def test_knobs_are_written_in_the_oracles_grammar_and_read_back():
     assert knob_spec(Knobs(5.0, 1024, 0.95)) == "window=5;chunk=1024;ratio=0.95"
+    # a knob beyond the first three is written where it differs from the static default
+    assert knob_spec(Knobs(5.0, 1024, 0.95, batch_share=0.1)) == (
+        "window=5;chunk=1024;ratio=0.95;batch_share=0.1")
     assert one_setting(knob_spec(DEFAULT_KNOBS)).knobs == DEFAULT_KNOBS
     assert one_setting("window=20;chunk=512;ratio=0.7").knobs == Knobs(20.0, 512, 0.7)
 
@@ -54,7 +57,7 @@ def test_a_static_arm_sets_its_levers_when_bound_and_decides_its_knobs():
     arm.bind(engine)
     assert (engine.admission, engine.admission_slack, engine.batch_share) == ("shed", 0.5, 0.25)
     decision = arm.decide(None)
-    assert decision.knobs == Knobs(5.0, 1024, 0.5)
+    assert decision.knobs == Knobs(5.0, 1024, 0.5, batch_share=0.25, admission_slack=0.5)
     assert decision.source == "best-static"
 
 
