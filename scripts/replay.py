@@ -62,11 +62,12 @@ def parse_args(argv: list[str] | None = None) -> Args:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        knobs = Knobs(args.window_ms, args.chunk, args.kv_ratio)
         trace = split(resolve_trace(args.trace, seed=args.seed), args.split)
         if args.rate_scale != 1.0:
             trace = rate_scale(trace, args.rate_scale)
         config = args.engine_config(seed=args.seed, fast_path=not args.step_by_step)
+        # the knobs the engine runs with: the flags', with the config's batch share and slack
+        knobs = config.start_knobs(Knobs(args.window_ms, args.chunk, args.kv_ratio))
         profile = Profile.load(args.spec())
         trace.check_classes(config.slo_classes)
     except (ValueError, FileNotFoundError) as e:
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"trace {args.trace} ({args.split}, rate x{args.rate_scale:g}), "
           f"{len(trace)} requests over {trace.duration_s:.0f} s; profile {profile.name}")
     print(f"knobs: window {knobs.batch_window_ms:g} ms, chunk {knobs.prefill_chunk_tokens} "
-          f"tokens, KV ratio {knobs.kv_cache_ratio:g}")
+          f"tokens, KV ratio {knobs.kv_cache_ratio:g}, batch share {knobs.batch_share:g}, "
+          f"admission slack {knobs.admission_slack:g} ({config.admission})")
     rows = [("SLO attainment", f"{out['slo_attainment']:.2%}"),
             ("interactive attainment", f"{out['interactive_attainment']:.2%}"),
             ("batch: requests / met / goodput",

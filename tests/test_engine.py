@@ -13,6 +13,7 @@ from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.profile import Profile
 from runtime.engine.request import RejectReason, Status
 from runtime.engine.sim_executor import SimulatedExecutor
+from runtime.engine.state import EngineState
 from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, Knobs
 from tests.engine_factory import hand_profile, make_engine, random_workload
 
@@ -278,3 +279,18 @@ def test_batch_action_mapping_agrees_with_the_single_one():
     assert actions_to_knobs(actions) == [action_to_knobs(a) for a in actions]
     with pytest.raises(ValueError, match="must be finite"):
         actions_to_knobs(np.array([[0.0, np.nan, 0.0, 0.0, 0.0]]))
+
+
+def test_the_engine_state_declares_exactly_the_attributes_an_engine_holds():
+    # The mixins are type-checked against EngineState: it must name every attribute, and no more.
+    declared = set(EngineState.__annotations__)
+    e = make_engine(admission="late_to_back", admission_slack=0.5)
+    assert set(vars(e)) == declared
+    e.add_requests(*random_workload(3, 200, rate=50))
+    e.run_until(2.0)
+    e.collect_interval()
+    e.set_knobs(Knobs(20.0, 512, 0.4, batch_share=0.5, admission_slack=2.0))
+    e.run_to_completion()
+    assert set(vars(e)) == declared
+    assert set(vars(e.fork())) == declared
+

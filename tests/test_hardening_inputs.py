@@ -150,3 +150,15 @@ def test_a_controller_replay_decides_an_idle_gap_once_not_per_interval():
     s = result.summary
     assert (s.requests, s.finished, s.rejected) == (3, 3, 0)
     assert result.decisions < 20
+
+
+@pytest.mark.training_stack
+def test_a_replay_reports_the_batch_share_and_slack_the_engine_ran_with(capsys, tmp_path):
+    # the flags set them through the engine config; the report used to show the defaults (1, 1)
+    code, out = run_replay(capsys, tmp_path, "levers.csv", f"{PLAIN}\n0,100,10\n0.5,100,10\n",
+                           "--batch-share", "0.5", "--admission", "shed",
+                           "--admission-slack", "0.5")
+    assert code == 0
+    assert json.loads(out)["knobs"] == {
+        "batch_window_ms": 5.0, "prefill_chunk_tokens": 2048, "kv_cache_ratio": 0.9,
+        "batch_share": 0.5, "admission_slack": 0.5}

@@ -26,7 +26,7 @@ from agents.report import short_name
 from env.traces.trace import Trace
 from runtime.decider.controller import StaticController
 from runtime.engine.engine import Engine
-from runtime.engine.request import RejectReason, Status
+from runtime.engine.request import RejectReason, Request, Status, _slot_copier
 from runtime.knobs import KNOB_NAMES, NUM_KNOBS, Knobs, knobs_to_action
 from runtime.observation import OBS_DIM
 from tests.engine_factory import hand_profile, make_engine, random_workload
@@ -188,6 +188,33 @@ def test_a_cloned_request_has_every_slot_of_the_original_and_its_own_block_table
         assert {s: getattr(c, s) for s in type(r).__slots__} == {
             s: getattr(r, s) for s in type(r).__slots__}
         assert c.block_ids is not r.block_ids
+
+
+def test_a_cloned_request_carries_every_slot_whatever_its_value():
+    r = Request(7, 1.0, 100, 50, "interactive", 1.0, 0.05)
+    values = {s: object() for s in Request.__slots__}  # a value no other slot holds
+    values["block_ids"] = [3, 1, 4]
+    for s, v in values.items():
+        setattr(r, s, v)
+    c = r.clone()
+    assert type(c) is Request
+    assert [s for s in Request.__slots__ if getattr(c, s) is not values[s]] == ["block_ids"]
+    assert c.block_ids == [3, 1, 4] and c.block_ids is not r.block_ids
+
+
+def test_the_slot_copier_copies_each_slot_it_is_given_and_refuses_an_unknown_list():
+    class Two:
+        __slots__ = ("a", "ids", "b")
+        clone = _slot_copier(__slots__, own=("ids",))
+
+    x = Two()
+    x.a, x.ids, x.b = "a", [1], ("b",)
+    y = x.clone()
+    assert (type(y), y.a, y.ids, y.b) == (Two, "a", [1], ("b",))
+    assert y.a is x.a and y.b is x.b and y.ids is not x.ids
+    with pytest.raises(ValueError, match=r"own names \['blocks'\], which are not slots of "
+                                         r"\('a', 'ids'\)"):
+        _slot_copier(("a", "ids"), own=("blocks",))
 
 
 def test_the_labeller_writes_an_observation_and_the_oracle_setting_for_every_interval(tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
+from typing import Any
 
 
 class Status(enum.IntEnum):
@@ -28,6 +30,22 @@ class RejectReason(enum.StrEnum):
     longer come in time (a miss; to a client, HTTP 429 with Retry-After)"""
     EXPIRED = "expired"
     """a batch request whose completion deadline passed before it was (re)admitted (a miss)"""
+
+
+def _slot_copier(slots: tuple[str, ...], own: tuple[str, ...]) -> Callable[[Request], Request]:
+    """A function that copies an object of a class with ``slots``: a new object of its type with
+    every slot assigned, the lists named in ``own`` copied (a fresh list each). Its code is
+    written out from ``slots`` once, when the class is defined, so a slot added later cannot be
+    left out, and it runs as fast as one spelled out by hand (8-10x cheaper than ``copy.copy``:
+    the fork's hot path clones every request in flight)."""
+    unknown = sorted(set(own) - set(slots))
+    if unknown:
+        raise ValueError(f"own names {unknown}, which are not slots of {slots}")
+    body = "".join(f"\n    c.{s} = self.{s}{'[:]' if s in own else ''}" for s in slots)
+    namespace: dict[str, Any] = {"new": object.__new__, "__name__": __name__}
+    exec(f"def clone(self):\n    c = new(type(self)){body}\n    return c\n", namespace)
+    fn: Callable[[Request], Request] = namespace["clone"]
+    return fn
 
 
 class Request:
@@ -71,31 +89,9 @@ class Request:
         self.deadline_s = arrival_s + deadline_s if deadline_s is not None else math.inf
         self.is_late = False  # moved behind the on-time requests (admission late_to_back)
 
-    def clone(self) -> Request:
-        """An independent copy (its own block table), for forking an engine. Spelled out, as the
-        fork's hot path: 8-10x cheaper than ``copy.copy`` (a test checks every slot is copied)."""
-        c = _new_request(Request)
-        c.req_id = self.req_id
-        c.arrival_s = self.arrival_s
-        c.prompt_tokens = self.prompt_tokens
-        c.output_tokens = self.output_tokens
-        c.slo_class = self.slo_class
-        c.ttft_target_s = self.ttft_target_s
-        c.tpot_target_s = self.tpot_target_s
-        c.status = self.status
-        c.num_computed_tokens = self.num_computed_tokens
-        c.num_output_tokens = self.num_output_tokens
-        c.block_ids = self.block_ids[:]
-        c.first_token_s = self.first_token_s
-        c.finish_s = self.finish_s
-        c.num_preemptions = self.num_preemptions
-        c.reject_reason = self.reject_reason
-        c.violation_counted = self.violation_counted
-        c.admitted_s = self.admitted_s
-        c.deadline_s = self.deadline_s
-        c.is_batch = self.is_batch
-        c.is_late = self.is_late
-        return c
+    clone = _slot_copier(__slots__, own=("block_ids",))
+    """An independent copy (its own block table), for forking an engine: written out from
+    ``__slots__`` (see :func:`_slot_copier`), so a slot added later is copied too."""
 
     def __deepcopy__(self, memo: dict) -> Request:
         c = memo[id(self)] = self.clone()
@@ -134,5 +130,3 @@ class Request:
                 f"output={self.num_output_tokens}/{self.output_tokens}, "
                 f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})")
 
-
-_new_request = object.__new__
