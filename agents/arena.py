@@ -1,13 +1,25 @@
-"""The arena: every controller on the same windows and loads, side by side, and each
-controller's capacity.
+"""The arena: every controller on the same windows and loads, side by side, each controller's
+capacity, its goodput past capacity, and the static frontier of memory against attainment.
 
 Each controller replays the trace split (the whole split is one window) at each rate scale,
 deciding every interval through the runtime's session loop, the one the environment trains in;
 the replay runs until every request of the window has finished or been rejected (or
-:data:`DRAIN_LIMIT_S` after the last arrival). A row holds SLO attainment, goodput, TTFT and
-TPOT p99, preemptions, OOMs, mean knobs, mean KV memory reserved and burst recovery time; a
-controller's capacity is the largest rate scale at which attainment stays >= 99% (and >= 90%),
-found by bisection to within 2%.
+:data:`DRAIN_LIMIT_S` after the last arrival). A row holds SLO attainment (all classes, and the
+interactive classes alone), goodput, batch goodput (tokens/s of batch requests finished by their
+deadline) and backlog, TTFT and TPOT p99, preemptions, OOMs, the requests shed, expired and
+moved back by admission, mean knobs, mean KV memory reserved, the co-tenant's demand served and
+burst recovery time. The oracle's rows are flagged ``upper_bound`` (it knows the future).
+
+- Capacity: the largest rate scale at which attainment stays >= 99% (and >= 90%), found by
+  bisection to within 2%, with the goodput measured there.
+- Goodput past capacity: every controller at multiples of best static's capacity at 99%
+  (:data:`PAST_CAPACITY_MULTIPLES`), its goodput there as a share of its own goodput at its own
+  capacity. Admission (first come first served, shed, late to back) is a deployment setting of
+  the engine config, so one arena run measures one policy.
+- The static frontier: for each KV ratio (:data:`FRONTIER_RATIOS`), best static's setting
+  (:mod:`agents.controllers.best_static`: the knob grid, then the admission lever) with the
+  ratio held fixed, replayed at each rate scale: (mean KV GiB, interactive attainment), the
+  line a controller's point is judged against in the Pareto plot (:func:`agents.report.plot`).
 """
 
 from __future__ import annotations
@@ -20,15 +32,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agents.controllers.best_static import GRID, RATIO_KNOB, BestStatic, BestStaticController
+from agents.oracle import ORACLE_NAME
 from agents.parallel import JobRunner
-from agents.registry import EvalSpec, make_controller
+from agents.registry import EvalSpec, best_static, make_controller
 from env.replay import replay
 from env.traces import rate_scale, split
 from env.traces.resolve import resolve_trace, trace_label
 from env.traces.trace import Trace
 from runtime.decider.controller import Controller
 from runtime.engine.engine import EngineConfig
-from runtime.engine.executor import GIB
 from runtime.engine.metrics import burst_onsets, recovery_times
 from runtime.engine.profile import Profile
 from runtime.engine.request import RejectReason
@@ -39,8 +52,22 @@ DRAIN_LIMIT_S = 1800.0
 """a replay that has not drained this long after its last arrival is cut off (aborted)"""
 
 TIMELINE_KEYS = ("t", *KNOB_NAMES, "waiting", "running", "slo_attainment", "arrival_rate",
-                 "kv_utilization")
+                 "kv_utilization", "batch_backlog_tokens")
 """what an episode's timeline holds per interval (the knobs are those decided at its end)"""
+
+FRONTIER_RATIOS: tuple[float, ...] = tuple(GRID[RATIO_KNOB])
+"""the KV ratios of the static frontier by default: those of best static's grid (0.5 to 0.95),
+whose picks its own search already holds, so the default frontier adds replays, not searches"""
+PAST_CAPACITY_MULTIPLES: tuple[float, ...] = (2.0, 4.0)
+"""loads past capacity, as multiples of best static's capacity at 99% attainment (the issue's
+"no collapse" loads)"""
+REFERENCE = "best-static"
+"""the controller whose capacity sets the loads past capacity"""
+
+
+def is_upper_bound(controller: str) -> bool:
+    """Whether a controller's figures are an upper bound (it sees the future), not a baseline."""
+    return controller == ORACLE_NAME
 
 
 @dataclass
@@ -51,32 +78,39 @@ class EpisodeResult:
     """intervals decided"""
     sources: dict[str, int]
     """decisions by who made them"""
-    mean_knobs: tuple[float, ...] = (0.0,) * NUM_KNOBS
-    """the decided knobs, averaged over the decisions"""
-    mean_kv_gib: float = 0.0
-    """KV memory reserved, averaged over the intervals"""
+    mean_knobs: tuple[float, ...] = ()
+    """the decided knobs, averaged over the decisions (in the order of KNOB_NAMES; empty when
+    not tallied)"""
+    mean_batch_backlog_tokens: float = 0.0
+    """tokens batch work still had to compute at an interval's end, averaged over the
+    intervals"""
     timeline: dict[str, list[float]] = field(default_factory=dict)
     """per interval, when recorded (see :data:`TIMELINE_KEYS`)"""
+
+    @property
+    def mean_kv_gib(self) -> float:
+        """KV memory reserved, averaged over the run's time (the engine's integral)."""
+        return self.summary["mean_kv_gib"]
 
 
 class _Tally:
     """Folds interval records into the means (and the timeline) as they come."""
 
-    def __init__(self, block_gib: float, record: bool) -> None:
-        self.block_gib = block_gib
+    def __init__(self, record: bool) -> None:
         self.knob_sum = np.zeros(NUM_KNOBS)
-        self.kv_gib_sum = 0.0
+        self.backlog_sum = 0.0
         self.n = 0
         self.timeline: dict[str, list[float]] = {k: [] for k in TIMELINE_KEYS} if record else {}
 
     def __call__(self, rec: IntervalRecord) -> None:
         s, knobs = rec.stats, rec.knobs.as_tuple()
         self.knob_sum += knobs
-        self.kv_gib_sum += s.kv_blocks * self.block_gib
+        self.backlog_sum += s.batch_backlog_tokens
         self.n += 1
         if self.timeline:
             for k, v in zip(TIMELINE_KEYS, (s.end_s, *knobs, s.waiting, s.running,
-                                            s.slo_attainment, s.arrival_rate, s.kv_utilization)):
+                                            s.slo_attainment, s.arrival_rate, s.kv_utilization,
+                                            s.batch_backlog_tokens)):
                 self.timeline[k].append(float(v))
 
 
@@ -86,20 +120,19 @@ def run_episode(window: Trace, controller: Controller, *, interval_s: float,
     """Replay ``window`` with ``controller`` deciding every interval, until it has drained.
 
     :param record: keep the per-interval timeline
-    :param tally: average the knobs and the KV memory (False lets a static controller's replay
-        run straight through; only the summary is then filled in)
+    :param tally: average the knobs and the batch backlog (False lets a static controller's
+        replay run straight through; only the summary is then filled in)
     """
     controller.reset()
     end_s = float(window.arrival_s[-1]) if len(window) else 0.0
-    block_gib = profile.memory.kv_block_bytes / GIB
-    t = _Tally(block_gib, record) if tally or record else None
+    t = _Tally(record) if tally or record else None
     res = replay(window, decider=controller, profile=profile, config=config,
                  interval_s=interval_s, max_s=end_s + DRAIN_LIMIT_S, on_interval=t)
     if t is None:
         return EpisodeResult(res.as_dict(), res.decisions, res.sources)
     n = max(t.n, 1)
     return EpisodeResult(res.as_dict(), res.decisions, res.sources,
-                         tuple(t.knob_sum / n), t.kv_gib_sum / n, t.timeline)
+                         tuple(float(k) for k in t.knob_sum / n), t.backlog_sum / n, t.timeline)
 
 
 @functools.lru_cache(maxsize=8)
@@ -112,11 +145,26 @@ def _window(spec: EvalSpec, scale: float) -> Trace:
     return rate_scale(trace, scale) if scale != 1.0 else trace
 
 
-def attainment_at(spec: EvalSpec, controller: Controller, scale: float) -> float:
-    """SLO attainment of ``controller`` on the spec's window at ``scale`` (no timeline)."""
+def summary_at(spec: EvalSpec, controller: Controller, scale: float) -> dict:
+    """The run summary of ``controller`` on the spec's window at ``scale`` (no timeline)."""
     return run_episode(_window(spec, scale), controller, interval_s=spec.interval_s,
                        profile=Profile.load(spec.profile_path), config=spec.config,
-                       tally=False).summary["slo_attainment"]
+                       tally=False).summary
+
+
+def attainment_at(spec: EvalSpec, controller: Controller, scale: float) -> float:
+    """SLO attainment of ``controller`` on the spec's window at ``scale`` (no timeline)."""
+    return summary_at(spec, controller, scale)["slo_attainment"]
+
+
+def _figures(s: dict, config: EngineConfig) -> dict:
+    """The figures a row and a frontier point share, from a run summary."""
+    return {"slo_attainment": s["slo_attainment"],
+            "interactive_attainment": s["interactive_attainment"],
+            "goodput_rps": s["goodput_rps"], "batch_goodput_tps": s["batch_goodput_tps"],
+            "mean_kv_gib": s["mean_kv_gib"],
+            "cotenant_served_share": (s["cotenant_served_share"] if config.cotenant is not None
+                                      else None)}
 
 
 def _row_job(args: tuple) -> dict:
@@ -127,18 +175,17 @@ def _row_job(args: tuple) -> dict:
     ep = run_episode(_window(spec, scale), controller, interval_s=spec.interval_s,
                      profile=profile, config=spec.config, record=True)
     s = ep.summary
-    row = {"controller": name, "trace": trace_label(spec.trace), "rate_scale": scale,
-           "slo_attainment": s["slo_attainment"], "goodput_rps": s["goodput_rps"],
+    row = {"controller": name, "upper_bound": is_upper_bound(name),
+           "trace": trace_label(spec.trace), "rate_scale": scale, **_figures(s, spec.config),
            "ttft_p99_s": s["ttft_p99_s"], "tpot_p99_s": s["tpot_p99_s"],
            "preemptions": s["preemptions"], "ooms": s["ooms"], "requests": s["requests"],
-           "rejected": s["rejected"], "interactive_attainment": s["interactive_attainment"],
-           "batch_requests": s["batch_requests"], "batch_met": s["batch_met"],
-           "batch_goodput_tps": s["batch_goodput_tps"],
+           "rejected": s["rejected"], "batch_requests": s["batch_requests"],
+           "batch_met": s["batch_met"], "batch_backlog_requests": s["batch_unfinished"],
+           "batch_backlog_tokens_mean": ep.mean_batch_backlog_tokens,
            "shed": s["rejected_by_reason"].get(RejectReason.SHED.value, 0),
            "expired": s["rejected_by_reason"].get(RejectReason.EXPIRED.value, 0),
-           "late": s["late"], "cotenant_served_share": s["cotenant_served_share"],
-           "mean_batch_window_ms": ep.mean_knobs[0], "mean_prefill_chunk_tokens": ep.mean_knobs[1],
-           "mean_kv_cache_ratio": ep.mean_knobs[2], "mean_kv_gib": ep.mean_kv_gib,
+           "late": s["late"],
+           **{f"mean_{k}": v for k, v in zip(KNOB_NAMES, ep.mean_knobs)},
            "decision_sources": ep.sources, "wall_s": time.perf_counter() - t0}
     onsets = burst_onsets(ep.timeline["arrival_rate"], spec.interval_s)
     if onsets:
@@ -189,17 +236,69 @@ def find_capacity(attainment: Callable[[float], float], target: float,
 
 
 def _capacity_job(args: tuple) -> dict:
-    spec, name, known = args
+    spec, name, known = args  # known: {scale: (attainment, goodput_rps)} already measured
     controller = make_controller(name, spec)
-    known = dict(known)
+    attainment = {scale: a for scale, (a, _) in known.items()}
+    goodput = {scale: g for scale, (_, g) in known.items()}
 
-    def attainment(scale: float) -> float:
-        return attainment_at(spec, controller, scale)
+    def measure(scale: float) -> float:
+        s = summary_at(spec, controller, scale)
+        goodput[scale] = s["goodput_rps"]
+        return s["slo_attainment"]
 
-    cap99 = find_capacity(attainment, 0.99, known)
-    cap90 = find_capacity(attainment, 0.90, known)
-    return {"controller": name, "trace": trace_label(spec.trace), "capacity_99": cap99,
-            "capacity_90": cap90, "evaluations": len(known)}
+    cap99 = find_capacity(measure, 0.99, attainment)
+    cap90 = find_capacity(measure, 0.90, attainment)
+    return {"controller": name, "upper_bound": is_upper_bound(name),
+            "trace": trace_label(spec.trace), "capacity_99": cap99, "capacity_90": cap90,
+            "goodput_at_capacity_99_rps": goodput.get(cap99), "evaluations": len(attainment)}
+
+
+def _frontier_job(args: tuple) -> dict:
+    spec, ratio, best, scale = args
+    s = summary_at(spec, BestStaticController(best.knobs, best.admission), scale)
+    return {"trace": trace_label(spec.trace), "rate_scale": scale, RATIO_KNOB: ratio,
+            "knobs": best.knobs.as_dict(), "admission": best.admission,
+            **_figures(s, spec.config)}
+
+
+def _known(rows: Sequence[dict], trace: str, controller: str) -> dict[float, tuple[float, float]]:
+    """(attainment, goodput) by rate scale of a controller's rows on a trace."""
+    return {r["rate_scale"]: (r["slo_attainment"], r["goodput_rps"]) for r in rows
+            if r["trace"] == trace and r["controller"] == controller}
+
+
+def past_capacity_table(rows: Sequence[dict], capacity: Sequence[dict]) -> list[dict]:
+    """Per trace and controller: goodput at each multiple of best static's capacity (the rows
+    flagged ``past_capacity_multiple``) as a share of the controller's goodput at its own
+    capacity at 99%."""
+    caps = {(c["trace"], c["controller"]): c for c in capacity}
+    out = []
+    for (trace, name), cap in caps.items():
+        past = sorted((r for r in rows if r["trace"] == trace and r["controller"] == name
+                       and "past_capacity_multiple" in r),
+                      key=lambda r: r["past_capacity_multiple"])
+        if not past:
+            continue
+        base = cap["goodput_at_capacity_99_rps"]
+        out.append({
+            "trace": trace, "controller": name, "upper_bound": is_upper_bound(name),
+            "reference": REFERENCE, "reference_capacity_99": caps[trace, REFERENCE]["capacity_99"],
+            "capacity_99": cap["capacity_99"], "goodput_at_capacity_99_rps": base,
+            "points": [{"multiple": r["past_capacity_multiple"], "rate_scale": r["rate_scale"],
+                        "goodput_rps": r["goodput_rps"],
+                        "goodput_share": r["goodput_rps"] / base if base else None,
+                        "slo_attainment": r["slo_attainment"],
+                        "interactive_attainment": r["interactive_attainment"],
+                        "batch_goodput_tps": r["batch_goodput_tps"],
+                        "shed": r["shed"]} for r in past]})
+    return out
+
+
+def deployment(config: EngineConfig) -> dict:
+    """The engine's deployment settings an arena run measures under (admission, co-tenant)."""
+    return {"admission": config.admission, "admission_slack": config.admission_slack,
+            "batch_share": config.batch_share,
+            "cotenant": config.cotenant.source if config.cotenant is not None else None}
 
 
 def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence[float], *,
@@ -207,33 +306,49 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
              profile_path: str | None = None, config: EngineConfig | None = None,
              capacity: bool = True, workers: int = 2, ray: bool | None = None,
              progress: bool = True, match_static: float | None = None,
-             tuning_scales: tuple[float, ...] | None = None) -> dict:
-    """Run the arena; returns ``{"rows": [...], "capacity": [...], "static_match": [...]}``.
+             tuning_scales: tuple[float, ...] | None = None,
+             past_capacity: Sequence[float] = (),
+             frontier_ratios: Sequence[float] = ()) -> dict:
+    """Run the arena; returns ``{"rows", "capacity", "static_match", "past_capacity",
+    "frontier", "deployment", ...}``.
 
-    Rows and capacity bisections run in parallel through :class:`agents.parallel.JobRunner`:
-    ``workers`` local processes, or Ray with ``ray=True`` (``None``: when ``RAY_ADDRESS`` is set).
+    Rows, capacity bisections and the frontier's replays run in parallel through
+    :class:`agents.parallel.JobRunner`: ``workers`` local processes, or Ray with ``ray=True``
+    (``None``: when ``RAY_ADDRESS`` is set).
 
     :param match_static: also find, per trace, the rate scale at which the static default
         attains this share (bisection to 2%), and run every controller there; those rows carry
         ``"matched_static": True``
+    :param past_capacity: multiples of best static's capacity at 99% to run every controller at
+        (rows with ``"past_capacity_multiple"``); needs ``capacity`` and best static among
+        ``controllers``, and is skipped otherwise (the command's default:
+        :data:`PAST_CAPACITY_MULTIPLES`; empty here, so training's final evaluation and the
+        benchmarks run what they ran)
+    :param frontier_ratios: the KV ratios of the static frontier, best static's setting at each
+        (:func:`agents.registry.best_static`) measured at each of ``scales`` (the command's
+        default: :data:`FRONTIER_RATIOS`; empty here: none)
     """
     config = config or EngineConfig()
     specs = {t: EvalSpec(t, part, profile_path, interval_s, config, tuning_scales=tuning_scales)
              for t in traces}
-    for t in traces:  # resolve names and warm the best-static cache before fanning out
+    # resolve names and fill the best-static caches before fanning out (a search has its pool)
+    picks: dict[str, dict[float, BestStatic]] = {}
+    for t in traces:
         resolve_trace(t)
-        if "best-static" in controllers:
+        if "best-static" in controllers or ORACLE_NAME in controllers:
             make_controller("best-static", specs[t])
+        picks[t] = {r: best_static(specs[t], r) for r in frontier_ratios}
     jobs = [(specs[t], c, s, True) for t in traces for c in controllers for s in scales]
     t0 = time.perf_counter()
     rows: list[dict] = []
+    matched: list[dict] = []
+    cap: list[dict] = []
+    frontier: list[dict] = []
     with JobRunner(workers, ray=ray, progress=progress) as pool:
         rows.extend(pool.map(_row_job, jobs, desc="runs"))
-        matched: list[dict] = []
         if match_static is not None:
             for t in traces:
-                known = {r["rate_scale"]: r["slo_attainment"] for r in rows
-                         if r["trace"] == trace_label(t) and r["controller"] == "static"}
+                known = {s: a for s, (a, _) in _known(rows, trace_label(t), "static").items()}
                 static = make_controller("static", specs[t])
                 scale = find_capacity(functools.partial(attainment_at, specs[t], static),
                                       match_static, known)
@@ -244,17 +359,24 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
             for row in pool.map(_row_job, mjobs, desc="runs at the static match"):
                 row["matched_static"] = True
                 rows.append(row)
-        cap: list[dict] = []
         if capacity:
-            cjobs = []
-            for t in traces:
-                for c in controllers:
-                    known = {r["rate_scale"]: r["slo_attainment"] for r in rows
-                             if r["trace"] == trace_label(t) and r["controller"] == c}
-                    cjobs.append((specs[t], c, known))
+            cjobs = [(specs[t], c, _known(rows, trace_label(t), c))
+                     for t in traces for c in controllers]
             # the capacity jobs take longest for the best controllers: start them first
-            cjobs.sort(key=lambda j: -sum(j[2].values()))
+            cjobs.sort(key=lambda j: -sum(a for a, _ in j[2].values()))
             cap.extend(pool.map(_capacity_job, cjobs, desc="capacities"))
-    return {"rows": rows, "capacity": cap, "static_match": matched, "split": part,
-            "interval_s": interval_s,
+        if past_capacity and capacity and REFERENCE in controllers:
+            ref = {c["trace"]: c["capacity_99"] for c in cap if c["controller"] == REFERENCE}
+            past = [(m, (specs[t], c, m * ref[trace_label(t)], False)) for t in traces
+                    if ref[trace_label(t)] > 0 for m in past_capacity for c in controllers]
+            done = pool.map(_row_job, [job for _, job in past], desc="runs past capacity")
+            for (m, _), row in zip(past, done):
+                row["past_capacity_multiple"] = m
+                rows.append(row)
+        fjobs = [(specs[t], r, best, s) for t in traces for r, best in picks[t].items()
+                 for s in scales]
+        frontier.extend(pool.map(_frontier_job, fjobs, desc="static frontier"))
+    return {"rows": rows, "capacity": cap, "static_match": matched,
+            "past_capacity": past_capacity_table(rows, cap), "frontier": frontier,
+            "deployment": deployment(config), "split": part, "interval_s": interval_s,
             "profile": Profile.load(profile_path).name, "wall_s": time.perf_counter() - t0}

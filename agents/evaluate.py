@@ -1,16 +1,21 @@
 """The arena's command line: every controller on the same windows and loads, side by side.
 
     python -m agents.evaluate --trace azure-conv,azure-code --split eval \\
-        --controllers static,best-static,pid,aimd,heuristic --rate-scales 1,2,4,8
+        --controllers static,best-static,pid,aimd,heuristic,oracle --rate-scales 1,2,4,8 \\
+        [--admission shed --admission-slack 0.5] [--cotenant]
 
-Prints a markdown table and each controller's capacity (:mod:`agents.arena`), and writes the
-results as JSON and the plots to ``--out`` (:mod:`agents.report`). Controllers are named as the
-registry names them (:mod:`agents.registry`).
+Prints a markdown table (per-class figures, shed and late counts, memory and the co-tenant's
+share served), each controller's capacity, its goodput past capacity and the static frontier
+(:mod:`agents.arena`), and writes the results as JSON and the plots, the Pareto plot of
+attainment against KV memory among them, to ``--out`` (:mod:`agents.report`). Controllers are
+named as the registry names them (:mod:`agents.registry`); the oracle is an upper bound and is
+labelled so everywhere.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +23,14 @@ from typing import Literal
 
 import tyro
 
-from agents.arena import evaluate
+from agents.arena import FRONTIER_RATIOS, PAST_CAPACITY_MULTIPLES, RATIO_KNOB, REFERENCE, evaluate
+from agents.oracle import ORACLE_NAME
 from agents.registry import BASELINES, EvalSpec, make_controller
 from agents.report import markdown_table, plot, write_json
 from env.engine_choice import EngineChoice
+from env.traces.resolve import resolve_trace
 from runtime.engine.roofline import ProfileChoice
+from runtime.knobs import KNOB_NAMES, KNOB_SPECS
 from runtime.session import DEFAULT_INTERVAL_S
 
 
@@ -44,6 +52,14 @@ class Config(ProfileChoice, EngineChoice):
     the trace's own rate; a trace far past one accelerator's capacity needs lower ones)"""
     capacity: bool = True
     """find each controller's capacity by bisection (--no-capacity skips it)"""
+    past_capacity: str = ",".join(f"{m:g}" for m in PAST_CAPACITY_MULTIPLES)
+    """loads past capacity, comma-separated multiples of best static's capacity at 99%: every
+    controller runs there and its goodput is reported as a share of its goodput at its own
+    capacity (needs best-static among --controllers and the capacity search; "" skips)"""
+    frontier_ratios: str = ",".join(f"{r:g}" for r in FRONTIER_RATIOS)
+    """KV ratios of the static frontier, comma-separated: best static's pick with each held
+    fixed, replayed at every rate scale (default: its grid's ratios, read from its own search;
+    another ratio is searched, then cached; "" skips)"""
     match_static: float | None = None
     """also run every controller at the load where the static default attains this share
     (e.g. 0.68)"""
@@ -58,14 +74,17 @@ class Config(ProfileChoice, EngineChoice):
     """print one JSON object instead of the table"""
 
     def scales(self) -> list[float]:
+        return self.numbers(self.rate_scales, "--rate-scales", empty=False)
+
+    def numbers(self, text: str, flag: str, *, empty: bool = True) -> list[float]:
+        """Comma-separated positive numbers; ``empty``: none at all is allowed."""
         try:
-            scales = [float(x) for x in self.rate_scales.split(",") if x.strip()]
+            values = [float(x) for x in text.split(",") if x.strip()]
         except ValueError:
-            scales = []
-        if not scales or min(scales) <= 0:
-            raise ValueError(f"--rate-scales must be comma-separated positive numbers, got "
-                             f"{self.rate_scales!r}")
-        return scales
+            values = [math.nan]
+        if (not values and not empty) or not all(0 < v < math.inf for v in values):
+            raise ValueError(f"{flag} must be comma-separated positive numbers, got {text!r}")
+        return values
 
     def names(self, text: str, flag: str) -> list[str]:
         names = [x.strip() for x in text.split(",") if x.strip()]
@@ -87,10 +106,19 @@ def main(argv: list[str] | None = None) -> int:
         config = cfg.engine_config()
         tuning = (tuple(float(x) for x in cfg.tuning_scales.split(",") if x.strip())
                   if cfg.tuning_scales else None)
+        past = cfg.numbers(cfg.past_capacity, "--past-capacity")
+        ratios = cfg.numbers(cfg.frontier_ratios, "--frontier-ratios")
+        ratio = KNOB_SPECS[KNOB_NAMES.index(RATIO_KNOB)]
+        for r in ratios:
+            if not ratio.low <= r <= ratio.high:
+                raise ValueError(f"--frontier-ratios: {r:g} is outside the KV ratio's range "
+                                 f"[{ratio.low:g}, {ratio.high:g}]")
         spec = EvalSpec(traces[0], cfg.split, profile, cfg.interval_s, config,
                         tuning_scales=tuning)
+        for t in traces:
+            resolve_trace(t)  # fail fast on a missing or unreadable trace
         for c in controllers:
-            if c != "best-static":
+            if c not in ("best-static", ORACLE_NAME):  # these two search first
                 make_controller(c, spec)  # fail fast on a bad name or policy file
     except (ValueError, FileNotFoundError) as e:
         print(f"evaluate: {e}", file=sys.stderr)
@@ -98,14 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     result = evaluate(traces, controllers, scales, part=cfg.split, interval_s=cfg.interval_s,
                       profile_path=profile, config=config, capacity=cfg.capacity,
                       workers=cfg.workers, ray=cfg.ray or None, progress=not cfg.json,
-                      match_static=cfg.match_static, tuning_scales=tuning)
-    plots = plot(result["rows"], cfg.out)
+                      match_static=cfg.match_static, tuning_scales=tuning,
+                      past_capacity=past, frontier_ratios=ratios)
+    plots = plot(result["rows"], cfg.out, result["frontier"])
     path = write_json(result, cfg.out / "results.json")
     if cfg.json:
         print(json.dumps(result))
-    else:
-        print(markdown_table(result["rows"], result["capacity"]))
-        print(f"\nplots: {', '.join(str(p) for p in plots)}\nresults: {path}")
+        return 0
+    print(markdown_table(result["rows"], result["capacity"], result["past_capacity"],
+                         result["frontier"]))
+    if past and not result["past_capacity"]:
+        print(f"\n(no goodput past capacity: it needs {REFERENCE} among --controllers and the "
+              "capacity search)")
+    print(f"\nplots: {', '.join(str(p) for p in plots)}\nresults: {path}")
     return 0
 
 

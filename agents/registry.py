@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from agents.oracle import ORACLE_NAME
 from runtime.decider.controller import Controller, StaticController
@@ -20,6 +21,9 @@ from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 from runtime.session import DEFAULT_INTERVAL_S
+
+if TYPE_CHECKING:
+    from agents.controllers.best_static import BestStatic
 
 BASELINES = ("static", "best-static", "pid", "aimd", "heuristic")
 """the baselines every evaluation shows"""
@@ -49,6 +53,17 @@ class EvalSpec:
     own rate)"""
 
 
+def best_static(spec: EvalSpec, kv_cache_ratio: float | None = None) -> BestStatic:
+    """Best static's setting for the spec, tuned at its tuning scales: best-static's and the
+    oracle's anchor, so that both rows of an arena run stand on the same search (with
+    ``kv_cache_ratio``: the static frontier's point at that ratio)."""
+    from agents.controllers.best_static import best_static_setting
+
+    scales = {} if spec.tuning_scales is None else {"scales": spec.tuning_scales}
+    return best_static_setting(spec.trace, part="train", profile_path=spec.profile_path,
+                               config=spec.config, kv_cache_ratio=kv_cache_ratio, **scales)
+
+
 def make_controller(name: str, spec: EvalSpec) -> Controller:
     """A controller by its name (see the module docstring). Raises ValueError for an unknown
     name and FileNotFoundError for a missing policy file."""
@@ -56,18 +71,14 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
     if name == "static":
         return StaticController(static)
     if name == "best-static":
-        from agents.controllers.best_static import BestStaticController, best_static_setting
+        from agents.controllers.best_static import BestStaticController
 
-        scales = {} if spec.tuning_scales is None else {"scales": spec.tuning_scales}
-        best = best_static_setting(spec.trace, part="train", profile_path=spec.profile_path,
-                                   config=spec.config, **scales)
+        best = best_static(spec)
         return BestStaticController(best.knobs, best.admission)
     if name == ORACLE:
-        from agents.controllers.best_static import best_static_setting
         from agents.oracle import LEVERS, LookaheadOracle, Setting
 
-        best = best_static_setting(spec.trace, part="train", profile_path=spec.profile_path,
-                                   config=spec.config)
+        best = best_static(spec)
         levers = (() if best.admission == spec.config.admission
                   else (("admission", LEVERS["admission"].parse(best.admission)),))
         return LookaheadOracle(anchor=Setting(best.knobs, levers), interval_s=spec.interval_s)

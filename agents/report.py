@@ -1,13 +1,17 @@
-"""The arena's report: a markdown table, the JSON results and the plots."""
+"""The arena's report: markdown tables, the JSON results and the plots (attainment against load,
+one window over time, and the Pareto plot of interactive attainment against KV memory)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from agents.arena import RATIO_KNOB, REFERENCE, is_upper_bound
 from agents.oracle import ORACLE_LABEL, ORACLE_NAME
+from runtime.knobs import KNOB_NAMES, KNOB_SPECS
 
 
 def short_name(controller: str) -> str:
@@ -19,47 +23,109 @@ def short_name(controller: str) -> str:
     return controller
 
 
-def _fmt(x: float, spec: str) -> str:
+def _fmt(x: float | None, spec: str) -> str:
+    if x is None:
+        return "-"
     return "inf" if isinstance(x, float) and math.isinf(x) else format(x, spec)
 
 
-def markdown_table(rows: Sequence[dict], capacity: Sequence[dict]) -> str:
-    lines = ["| trace | controller | rate x | SLO att. | interactive att. | batch tok/s "
-             "| goodput rps | TTFT p99 s | TPOT p99 ms | preempt | OOMs | shed / expired / late "
-             "| window ms | chunk | KV ratio | KV GiB | recovery s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def _knob(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def _rate(r: dict) -> str:
+    rate = f"{r['rate_scale']:.3g}"
+    if r.get("matched_static"):
+        rate += " (static match)"
+    if "past_capacity_multiple" in r:
+        rate += f" ({r['past_capacity_multiple']:g}x {REFERENCE} cap.)"
+    return rate
+
+
+def markdown_table(rows: Sequence[dict], capacity: Sequence[dict],
+                   past_capacity: Sequence[dict] = (), frontier: Sequence[dict] = ()) -> str:
+    """The rows, then capacities, goodput past capacity and the static frontier, as markdown.
+    The oracle is named "oracle (upper bound)" in every table."""
+    knob_names = [k for k in KNOB_NAMES if rows and f"mean_{k}" in rows[0]]
+    head = ["trace", "controller", "rate x", "SLO att.", "interactive att.", "batch tok/s",
+            "batch backlog req / mean tok", "goodput rps", "TTFT p99 s", "TPOT p99 ms",
+            "preempt", "OOMs", "shed / expired / late", *knob_names, "KV GiB",
+            "co-tenant served", "recovery s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         rec = ("-" if "bursts" not in r else
                f"{_fmt(r['recovery_s_mean'], '.1f')} ({r['bursts']} bursts)")
-        rate = f"{r['rate_scale']:.3g}" + (" (static match)" if r.get("matched_static") else "")
+        knobs = "".join(f"{_knob(r[f'mean_{k}'])} | " for k in knob_names)
         lines.append(
-            f"| {r['trace']} | {short_name(r['controller'])} | {rate} | "
+            f"| {r['trace']} | {short_name(r['controller'])} | {_rate(r)} | "
             f"{r['slo_attainment']:.2%} | {r['interactive_attainment']:.2%} | "
-            f"{r['batch_goodput_tps']:.0f} | {r['goodput_rps']:.2f} | {r['ttft_p99_s']:.2f} | "
+            f"{r['batch_goodput_tps']:.0f} | "
+            f"{r['batch_backlog_requests']} / {r['batch_backlog_tokens_mean']:.0f} | "
+            f"{r['goodput_rps']:.2f} | {r['ttft_p99_s']:.2f} | "
             f"{r['tpot_p99_s'] * 1e3:.1f} | {r['preemptions']} | {r['ooms']} | "
-            f"{r['shed']} / {r['expired']} / {r['late']} | "
-            f"{r['mean_batch_window_ms']:.0f} | {r['mean_prefill_chunk_tokens']:.0f} | "
-            f"{r['mean_kv_cache_ratio']:.2f} | {r['mean_kv_gib']:.1f} | {rec} |")
+            f"{r['shed']} / {r['expired']} / {r['late']} | {knobs}"
+            f"{r['mean_kv_gib']:.2f} | {_share(r['cotenant_served_share'])} | {rec} |")
     if capacity:
-        lines += ["", "| trace | controller | capacity @99% | capacity @90% |", "|---|---|---|---|"]
+        lines += ["", "| trace | controller | capacity @99% | goodput there rps | capacity @90% |",
+                  "|---|---|---|---|---|"]
         for c in capacity:
             lines.append(f"| {c['trace']} | {short_name(c['controller'])} | "
-                         f"{c['capacity_99']:.3g} | "
-                         f"{c['capacity_90']:.3g} |")
+                         f"{c['capacity_99']:.3g} | {_fmt(c['goodput_at_capacity_99_rps'], '.2f')}"
+                         f" | {c['capacity_90']:.3g} |")
+    if past_capacity:
+        multiples = [p["multiple"] for p in past_capacity[0]["points"]]
+        lines += ["", f"Goodput past capacity: at multiples of {REFERENCE}'s capacity @99%, "
+                  "as a share of the controller's goodput at its own capacity @99%", "",
+                  "| trace | controller | capacity @99% | goodput there rps | "
+                  + " | ".join(f"{m:g}x: rate x, goodput rps (share)" for m in multiples) + " |",
+                  "|" + "---|" * (4 + len(multiples))]
+        for e in past_capacity:
+            pts = " | ".join(f"{p['rate_scale']:.3g}, {p['goodput_rps']:.2f} "
+                             f"({_share(p['goodput_share'])})" for p in e["points"])
+            lines.append(f"| {e['trace']} | {short_name(e['controller'])} | "
+                         f"{e['capacity_99']:.3g} | {_fmt(e['goodput_at_capacity_99_rps'], '.2f')}"
+                         f" | {pts} |")
+    if frontier:
+        lines += ["", "Static frontier: best static's setting with the KV ratio held fixed", "",
+                  "| trace | rate x | KV ratio | setting | mean KV GiB | interactive att. | "
+                  "SLO att. | co-tenant served |", "|---|---|---|---|---|---|---|---|"]
+        for f in frontier:
+            knobs = ", ".join([f"{k}={_knob(v)}" for k, v in f["knobs"].items()
+                               if k != RATIO_KNOB] + [f"admission={f['admission']}"])
+            lines.append(f"| {f['trace']} | {f['rate_scale']:.3g} | {f[RATIO_KNOB]:g} | {knobs} | "
+                         f"{f['mean_kv_gib']:.2f} | {f['interactive_attainment']:.2%} | "
+                         f"{f['slo_attainment']:.2%} | {_share(f['cotenant_served_share'])} |")
     return "\n".join(lines)
 
 
 def write_json(result: dict, path: Path) -> Path:
-    """The arena's result without the per-interval timelines (they go to the plots)."""
+    """The arena's result without the per-interval timelines (they go to the plots); every
+    entry that names a controller gets its table ``label`` ("oracle (upper bound)")."""
     for r in result["rows"]:
         r.pop("timeline", None)
+    for key in ("rows", "capacity", "past_capacity"):
+        for r in result.get(key, ()):
+            r["label"] = short_name(r["controller"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     return path
 
 
-def plot(rows: Sequence[dict], out_dir: Path) -> list[Path]:
-    """Attainment against load per trace; knobs, queue and attainment over time for one window."""
+def _at_own_load(r: dict) -> bool:
+    """Whether a row is at one of the arena's rate scales (not the static match's, not past
+    capacity's)."""
+    return not r.get("matched_static") and "past_capacity_multiple" not in r
+
+
+def plot(rows: Sequence[dict], out_dir: Path, frontier: Sequence[dict] = ()) -> list[Path]:
+    """Attainment against load per trace; knobs, queue and attainment over time for one window;
+    the Pareto plot of interactive attainment against mean KV GiB per trace (one panel per
+    rate scale of the arena's own rows): the static frontier as a line, each controller as a
+    point, the oracle's marked as an upper bound."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,7 +140,7 @@ def plot(rows: Sequence[dict], out_dir: Path) -> list[Path]:
             pts = sorted((r["rate_scale"], r["slo_attainment"]) for r in sub
                          if r["controller"] == name)
             ax.plot([p[0] for p in pts], [p[1] * 100 for p in pts], marker="o",
-                    label=short_name(name))
+                    label=short_name(name), ls="--" if is_upper_bound(name) else "-")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("rate scale (x trace rate)")
         ax.set_ylabel("SLO attainment (%)")
@@ -88,6 +154,8 @@ def plot(rows: Sequence[dict], out_dir: Path) -> list[Path]:
         fig.savefig(p, dpi=120)
         plt.close(fig)
         paths.append(p)
+        paths.append(_pareto(plt, rows, [f for f in frontier if f["trace"] == trace], trace,
+                             out_dir))
 
         # one window over time: the median rate scale of the run
         scales = sorted({r["rate_scale"] for r in sub})
@@ -95,17 +163,20 @@ def plot(rows: Sequence[dict], out_dir: Path) -> list[Path]:
         ts = [r for r in sub if r["rate_scale"] == scale and "timeline" in r]
         if not ts:
             continue
-        fig, axes = plt.subplots(5, 1, figsize=(8, 10), sharex=True)
-        keys = [("batch_window_ms", "window (ms)"), ("prefill_chunk_tokens", "chunk (tokens)"),
-                ("kv_cache_ratio", "KV ratio"), ("waiting", "waiting requests"),
-                ("slo_attainment", "interval SLO attainment")]
+        keys = [(k.name, f"{k.name} ({k.unit})", k.scale == "log") for k in KNOB_SPECS]
+        keys += [("waiting", "waiting requests", False),
+                 ("slo_attainment", "interval SLO attainment", False)]
+        fig, axes = plt.subplots(len(keys), 1, figsize=(8, 2 * len(keys)), sharex=True)
         for r in ts:
             t = r["timeline"]
-            for ax, (k, label) in zip(axes, keys):
+            for ax, (k, label, _) in zip(axes, keys):
                 ax.plot(t["t"], t[k], lw=0.8, label=short_name(r["controller"]))
                 ax.set_ylabel(label, fontsize=8)
-        axes[1].set_yscale("log", base=2)
-        axes[3].set_yscale("symlog")
+        for ax, (k, _, log) in zip(axes, keys):
+            if log:
+                ax.set_yscale("log", base=2)
+            elif k == "waiting":
+                ax.set_yscale("symlog")
         axes[0].legend(fontsize=7, ncol=3)
         axes[-1].set_xlabel("simulated time (s)")
         fig.suptitle(f"{trace} at rate x{scale:g}: knobs, queue and attainment over time")
@@ -115,3 +186,41 @@ def plot(rows: Sequence[dict], out_dir: Path) -> list[Path]:
         plt.close(fig)
         paths.append(p)
     return paths
+
+
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+"""a controller's marker in the Pareto plot (the oracle's is a star)"""
+
+
+def _pareto(plt, rows: Sequence[dict], frontier: Sequence[dict], trace: str,
+            out_dir: Path) -> Path:
+    own = [r for r in rows if r["trace"] == trace and _at_own_load(r)]
+    scales = sorted({r["rate_scale"] for r in own})
+    fig, axes = plt.subplots(1, len(scales), figsize=(5.2 * len(scales), 4.4), squeeze=False)
+    for ax, scale in zip(axes[0], scales):
+        line = sorted((f["mean_kv_gib"], f["interactive_attainment"] * 100, f[RATIO_KNOB])
+                      for f in frontier if f["rate_scale"] == scale)
+        if line:
+            ax.plot([p[0] for p in line], [p[1] for p in line], color="black", lw=1.2,
+                    marker=".", label="static frontier (best static per KV ratio)")
+            for x, y, ratio in line:
+                ax.annotate(f"{ratio:g}", (x, y), fontsize=7, textcoords="offset points",
+                            xytext=(3, -9))
+        at = [r for r in own if r["rate_scale"] == scale]
+        for r, marker in zip(at, itertools.cycle(_MARKERS)):
+            ub = is_upper_bound(r["controller"])
+            # the oracle's star is hollow, so a controller at the same point still shows
+            ax.plot(r["mean_kv_gib"], r["interactive_attainment"] * 100, ls="none",
+                    marker="*" if ub else marker, markersize=15 if ub else 7, alpha=0.8,
+                    markerfacecolor="none" if ub else None, label=short_name(r["controller"]))
+        ax.set_xlabel("mean KV cache reserved (GiB)")
+        ax.set_ylabel("interactive SLO attainment (%)")
+        ax.set_title(f"x{scale:g}", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{trace}: interactive attainment against KV memory (up and left is better)")
+    fig.tight_layout()
+    p = out_dir / f"pareto_{trace}.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p

@@ -82,7 +82,7 @@ def test_evaluate_command_prints_rows_and_capacity_as_json(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "agents.evaluate", "--trace", str(path), "--split", "all",
          "--controllers", "static,pid,aimd,heuristic", "--rate-scales", "1,4", "--json",
-         "--workers", "1", "--out", str(tmp_path / "ev")],
+         "--workers", "1", "--out", str(tmp_path / "ev"), "--frontier-ratios", ""],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)

@@ -31,6 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,12 +42,15 @@ from runtime.decider.controller import StaticController
 from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.profile import Profile
-from runtime.knobs import DEFAULT_KNOBS, Knobs
+from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, Knobs
 from runtime.locations import best_static_dir
 
 TUNING_SCALES: tuple[float, ...] = (0.5, 0.75, 1.0, 1.5, 2.0)
 TIE_TOLERANCE = 0.001
 """settings whose mean attainment is this close to the best count as tied"""
+RATIO_KNOB = "kv_cache_ratio"
+"""the knob the arena's static frontier holds fixed"""
+_RATIO_INDEX = KNOB_NAMES.index(RATIO_KNOB)
 GRID: dict[str, tuple] = {
     "batch_window_ms": (5.0, 20.0, 60.0),
     "prefill_chunk_tokens": (256, 512, 1024, 2048, 4096, 8192),
@@ -135,14 +139,14 @@ def grid_search(trace_spec: str, *, part: str = "train", scales: Sequence[float]
             "seconds": time.perf_counter() - t0}
 
 
-def best_static_knobs(trace_spec: str, *, part: str = "train",
+def best_static_table(trace_spec: str, *, part: str = "train",
                       scales: Sequence[float] = TUNING_SCALES,
                       profile_path: str | Path | None = None, config: EngineConfig | None = None,
                       grid: dict[str, tuple] | None = None, cache_dir: Path | None = None,
                       workers: int = 2, ray: bool | None = None,
-                      progress: bool = True) -> Knobs:
-    """The best static knobs of the grid (the first three; the others are the config's) for a
-    trace, from the cache or a fresh grid search."""
+                      progress: bool = True) -> list[dict]:
+    """Every knob setting of the grid with its scores (:func:`grid_search`'s ``table``), from
+    the cache or a fresh grid search (then cached)."""
     config = config or EngineConfig()
     grid = grid or GRID
     profile = Profile.load(profile_path)
@@ -150,15 +154,33 @@ def best_static_knobs(trace_spec: str, *, part: str = "train",
     key = cache_key(trace_spec, part, scales, profile, config, grid, classes_used)
     path = Path(cache_dir or best_static_dir()) / f"{trace_label(trace_spec)}-{key}.json"
     if path.exists():
-        return config.start_knobs(
-            Knobs(*select_best(json.loads(path.read_text())["table"])["knobs"]))
+        return json.loads(path.read_text())["table"]
     result = grid_search(trace_spec, part=part, scales=scales, profile_path=profile_path,
                          config=config, grid=grid, workers=workers, ray=ray,
                          progress=progress)
     result["key"] = key
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
-    return config.start_knobs(Knobs(*result["best"]))
+    return result["table"]
+
+
+def best_static_knobs(trace_spec: str, *, kv_cache_ratio: float | None = None,
+                      **search: Any) -> Knobs:
+    """The best static knobs of the grid (the first three; the others are the config's) for a
+    trace (``search``: :func:`best_static_table`'s options).
+
+    :param kv_cache_ratio: the best among the settings at this KV ratio (a point of the arena's
+        static frontier): read from the grid's own table when the grid has the ratio, else
+        from a search of the grid with the ratio held fixed
+    """
+    grid = search.pop("grid", None) or GRID
+    if kv_cache_ratio is not None and kv_cache_ratio not in grid[RATIO_KNOB]:
+        grid = {**grid, RATIO_KNOB: (kv_cache_ratio,)}
+    table = best_static_table(trace_spec, grid=grid, **search)
+    if kv_cache_ratio is not None:
+        table = [r for r in table if r["knobs"][_RATIO_INDEX] == kv_cache_ratio]
+    config = search.get("config") or EngineConfig()
+    return config.start_knobs(Knobs(*select_best(table)["knobs"]))
 
 
 @dataclass(frozen=True)
@@ -212,15 +234,20 @@ def best_static_setting(trace_spec: str, *, part: str = "train",
                         profile_path: str | Path | None = None,
                         config: EngineConfig | None = None, grid: dict[str, tuple] | None = None,
                         cache_dir: Path | None = None, workers: int = 2,
-                        ray: bool | None = None, progress: bool = True) -> BestStatic:
+                        ray: bool | None = None, progress: bool = True,
+                        kv_cache_ratio: float | None = None) -> BestStatic:
     """Best static's knobs and admission policy: the knob grid (:func:`best_static_knobs`),
     then the lever search around its best (:func:`lever_search`), each from its cache or
-    computed and cached."""
+    computed and cached.
+
+    :param kv_cache_ratio: hold the KV ratio at this value (the arena's static frontier): the
+        best knobs at that ratio (:func:`best_static_knobs`), then the lever search around them
+    """
     config = config or EngineConfig()
     grid = grid or GRID
     knobs = best_static_knobs(trace_spec, part=part, scales=scales, profile_path=profile_path,
                               config=config, grid=grid, cache_dir=cache_dir, workers=workers,
-                              ray=ray, progress=progress)
+                              ray=ray, progress=progress, kv_cache_ratio=kv_cache_ratio)
     profile = Profile.load(profile_path)
     trace_classes = set(split(resolve_trace(trace_spec), part).slo_class.tolist())
     batch_work = any(config.slo_classes[c].is_batch for c in trace_classes)
