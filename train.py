@@ -5,9 +5,20 @@
     python train.py --preset full --trace azure-conv,azure-code
     batchpilot-train --help              # the same, installed (every Config field is a flag)
 
-Reads top to bottom: config, seeding, environments, PPO, training with periodic evaluation
-against the baselines on held-out windows (keeping the best model), ONNX export checked against
-the torch policy, the final evaluation table, and the run folder with its card.
+    python train.py --trace my_trace.csv --init-from checkpoints/shipped/policy.onnx
+
+Reads top to bottom: config, seeding, environments, PPO, an optional warm start (a trained
+policy, or imitation of the lookahead oracle: behaviour cloning, then DAgger), training with
+periodic evaluation against the baselines on held-out windows (keeping the best model), ONNX
+export checked against the torch policy, the final evaluation table, and the run folder with its
+card.
+
+Variance. Episodes are drawn from a fixed pool of windows per trace (``--windows``), and each is
+paired with best static's replay of the same window (cached per window): by default the reward
+of every step is the policy's minus best static's over the same interval (``--reward
+differential``, env/wrappers.py), so the trace's share of the reward cancels and PPO's advantage
+measures what the knobs changed. The curriculum (``--curriculum``) draws more often the windows
+where the policy loses to best static (env/windows.py states the rule).
 """
 
 from __future__ import annotations
@@ -30,12 +41,16 @@ from typing import Any, Literal
 import numpy as np
 import tyro
 
+from env.engine_choice import EngineChoice
 from env.session import RewardWeights
 from runtime.session import DEFAULT_INTERVAL_S
 
 
 @dataclass
-class Config:
+class Config(EngineChoice):
+    """Every field is a flag; the engine's SLO classes and levers (``--slo --batch-share
+    --admission --admission-slack --cotenant``, env/engine_choice.py) come first."""
+
     preset: Literal["smoke", "default", "full"] = "default"
     """smoke (under a minute) | default (under 15 minutes on 2 cores) | full (as long as it
     takes); a preset sets the fields below that the command line does not"""
@@ -100,8 +115,45 @@ class Config:
     """reward: weight of an SLO violation against an SLO-meeting completion"""
     oom_penalty: float = RewardWeights.oom_penalty
     """reward: penalty per OOM"""
+    batch_weight: float = RewardWeights.batch_weight
+    """reward: value of a batch request finished by its deadline against an interactive one met"""
+    cotenant_value: float = RewardWeights.cotenant_value
+    """reward: value per interval of serving the co-tenant's whole demand (with --cotenant)"""
+    reward: Literal["differential", "raw"] = "differential"
+    """differential: each step's reward minus best static's over the same interval of the same
+    window (a cached replay; env/wrappers.py), which takes the trace's share out of the
+    reward's variance; raw: the environment's reward"""
+    windows: int = 64
+    """windows per training trace that episodes are drawn from (env/windows.py); best static's
+    replay of each is cached; 0: a fresh window every episode (each paired with a replay of its
+    own, no curriculum)"""
+    curriculum: float = 0.5
+    """share of episodes drawn in proportion to what the policy loses to best static on each
+    window (env/windows.py's rule); 0: uniform"""
+    warm_start: Literal["none", "bc", "dagger"] = "none"
+    """imitation of the lookahead oracle before PPO: bc (cloning on the states the oracle
+    visits) or dagger (bc, then --dagger-rounds rounds on the states the policy visits)"""
+    dagger_rounds: int = 2
+    """with --warm-start dagger: rounds after cloning"""
+    imitation_windows: int = 8
+    """windows per training trace (the pool's first) the oracle labels per round"""
+    imitation_horizon_s: float = 4.0
+    """simulated seconds the labelling oracle looks ahead (it searches every interval)"""
+    imitation_epochs: int = 60
+    """passes over the labels per cloning"""
+    imitation_candidates: str = ""
+    """the labelling oracle's candidate grid, ``key=v1,v2;...`` over the knobs and levers
+    (agents/oracle.py's parse_candidates; empty: its DEFAULT_CANDIDATES, chunk sizes only: name
+    batch_share and admission_slack values to imitate those knobs too)"""
+    init_from: str = ""
+    """start from a trained policy: a run folder (model.zip, vecnormalize.pkl) or an exported
+    policy.onnx of this spec (the shipped one: checkpoints/shipped/policy.onnx); with a --trace
+    of your own, this fine-tunes it on your traffic"""
     eval_every: int = 50_000
     """evaluate against the baselines every this many steps"""
+    eval_oracle: bool = True
+    """run the lookahead oracle (an upper bound) once on the periodic evaluation's windows, so
+    every evaluation logs the policy's gap to it"""
     eval_rate_scales: tuple[float, ...] = ()
     """rate scales of the periodic evaluation (empty: the quartiles of each trace's training
     range on a log scale)"""
@@ -134,7 +186,8 @@ PRESETS: dict[str, dict] = {
     "smoke": dict(total_timesteps=2048, n_envs=2, vec_env="dummy", n_steps=256, batch_size=128,
                   n_epochs=2, episode_s=30.0, eval_every=2048, eval_rate_scales=(1.5,),
                   eval_episode_s=60.0, final_rate_scales=(1.5,), final_controllers="static",
-                  final_capacity=False, final_match_static=0.0),
+                  final_capacity=False, final_match_static=0.0, windows=16, dagger_rounds=1,
+                  imitation_windows=2, imitation_horizon_s=2.0, imitation_epochs=30),
     "default": {},
     "full": dict(trace="azure-conv@1.0-2.5,azure-code@0.3-1.2", total_timesteps=600_000,
                  n_envs=4, n_steps=1024, batch_size=512, n_epochs=5, eval_every=50_000,
@@ -158,6 +211,13 @@ def parse_config(argv: list[str] | None = None) -> Config:
     if cfg.n_steps * cfg.n_envs < cfg.batch_size:
         refuse(f"--n-steps * --n-envs ({cfg.n_steps * cfg.n_envs}) must be at least "
                f"--batch-size ({cfg.batch_size})")
+    if not 0.0 <= cfg.curriculum <= 1.0:
+        refuse(f"--curriculum must be in [0, 1], got {cfg.curriculum}")
+    if cfg.windows < 0 or cfg.imitation_windows < 1 or cfg.dagger_rounds < 0:
+        refuse(f"--windows ({cfg.windows}) and --dagger-rounds ({cfg.dagger_rounds}) must be "
+               f">= 0 and --imitation-windows ({cfg.imitation_windows}) >= 1")
+    if cfg.warm_start != "none" and cfg.windows < 1:
+        refuse("--warm-start labels windows of the pool: it needs --windows >= 1")
     if not 0 <= cfg.ray_workers <= cfg.n_envs:
         refuse(f"--ray-workers must be in 0..{cfg.n_envs} (--n-envs), got {cfg.ray_workers}")
     return cfg
@@ -218,30 +278,59 @@ def seed_everything(seed: int) -> None:
     torch.set_num_threads(1)
 
 
-def make_env(name: str, scale_range: tuple[float, float], env_kwargs: dict[str, Any]):
-    """One monitored environment copy (built in the subprocess of a SubprocVecEnv)."""
+def make_env(name: str, scale_range: tuple[float, float], env_kwargs: dict[str, Any],
+             wrap: dict[str, Any] | None = None):
+    """One monitored environment copy (built in the subprocess of a SubprocVecEnv): episodes
+    from the trace's window pool (``wrap["windows"]`` drawn from ``wrap["seed"]``, the same in
+    every copy of a trace), paired with ``wrap["reference"]`` knobs' replays (the reward
+    differential when ``wrap["differential"]``)."""
     import gymnasium as gym
     from stable_baselines3.common.monitor import Monitor
 
     import env  # registers the id in the subprocess
+    from env.windows import WindowPool
+    from env.wrappers import PooledWindows, StaticReference
 
-    return Monitor(gym.make(env.ENV_ID, trace=name, rate_scale_range=scale_range, **env_kwargs))
+    e = gym.make(env.ENV_ID, trace=name, rate_scale_range=scale_range, **env_kwargs)
+    wrap = wrap or {}
+    if wrap.get("reference") is not None:
+        e = StaticReference(e, wrap["reference"], differential=wrap["differential"])
+    if wrap.get("windows"):
+        pool = WindowPool.draw(e.unwrapped.trace, wrap["windows"], env_kwargs["episode_s"],
+                               scale_range, wrap["seed"])
+        e = PooledWindows(e, pool)
+    return Monitor(e)
 
 
-def make_env_thunks(cfg: Config, trace_ranges: list[tuple[str, tuple]], n: int) -> list:
-    """``n`` environment constructors taking the traces round robin."""
-    env_kwargs = dict(split="train", episode_s=cfg.episode_s, interval_s=cfg.interval_s,
-                      memory_price=cfg.memory_price, violation_weight=cfg.violation_weight,
-                      oom_penalty=cfg.oom_penalty, profile=cfg.profile)
-    return [partial(make_env, *trace_ranges[i % len(trace_ranges)], env_kwargs)
-            for i in range(n)]
+def env_kwargs_of(cfg: Config) -> dict[str, Any]:
+    """The training environment's arguments."""
+    return dict(split="train", episode_s=cfg.episode_s, interval_s=cfg.interval_s,
+                memory_price=cfg.memory_price, violation_weight=cfg.violation_weight,
+                oom_penalty=cfg.oom_penalty, batch_weight=cfg.batch_weight,
+                cotenant_value=cfg.cotenant_value, profile=cfg.profile,
+                engine_config=cfg.engine_config(seed=cfg.seed))
 
 
-def make_vec_env(cfg: Config, trace_ranges: list[tuple[str, tuple]]):
+def make_env_thunks(cfg: Config, trace_ranges: list[tuple[str, tuple]], n: int,
+                    references: dict[str, Any] | None = None) -> list:
+    """``n`` environment constructors taking the traces round robin (``references``: best
+    static's knobs per trace, for the pairing)."""
+    references = references or {}
+    thunks = []
+    for i in range(n):
+        name, scale_range = trace_ranges[i % len(trace_ranges)]
+        wrap = {"reference": references.get(name), "differential": cfg.reward == "differential",
+                "windows": cfg.windows, "seed": cfg.seed}
+        thunks.append(partial(make_env, name, scale_range, env_kwargs_of(cfg), wrap))
+    return thunks
+
+
+def make_vec_env(cfg: Config, trace_ranges: list[tuple[str, tuple]],
+                 references: dict[str, Any] | None = None):
     """The normalised vector of training environments."""
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
-    thunks = make_env_thunks(cfg, trace_ranges, cfg.n_envs)
+    thunks = make_env_thunks(cfg, trace_ranges, cfg.n_envs, references)
     if cfg.vec_env == "ray":
         from agents.ray_vec_env import RayVecEnv
 
@@ -280,7 +369,7 @@ def make_ppo(cfg: Config, venv, run_dir: Path):
 
 
 def periodic_eval_windows(cfg: Config, trace_ranges: list[tuple[str, tuple]]) -> list[tuple]:
-    """``(trace label, rate scale, window)`` of the periodic evaluation: the first
+    """``(trace, trace label, rate scale, window)`` of the periodic evaluation: the first
     ``eval_episode_s`` of each trace's eval split at ``eval_rate_scales`` (or the quartiles of
     its training range on a log scale)."""
     from env.traces import rate_scale, split, time_window
@@ -294,18 +383,56 @@ def periodic_eval_windows(cfg: Config, trace_ranges: list[tuple[str, tuple]]) ->
         scales = cfg.eval_rate_scales or tuple(round(lo * (hi / lo) ** q, 3)
                                                for q in (0.25, 0.5, 0.75))
         for s in scales:
-            windows.append((trace_label(t), s, rate_scale(window, s) if s != 1 else window))
+            windows.append((t, trace_label(t), s, rate_scale(window, s) if s != 1 else window))
     return windows
 
 
-def evaluate_controller(controller, windows: list[tuple], interval_s: float,
-                        profile) -> dict[str, float]:
-    """SLO attainment of one controller on each window, and their mean."""
+def imitate(cfg: Config, model, venv, trace_ranges: list[tuple[str, tuple]],
+            references: dict[str, Any]):
+    """The warm start by imitation of the oracle (agents/imitation.py): the first
+    ``imitation_windows`` windows of each trace's pool, labelled by the oracle anchored on best
+    static, cloned; then DAgger rounds."""
+    import gymnasium as gym
+
+    import env
+    from agents.imitation import ImitationConfig, warm_start
+    from agents.oracle import Setting
+    from env.traces import split
+    from env.traces.resolve import resolve_trace, trace_label
+    from env.windows import WindowPool, cut_window
+    from runtime.engine.profile import Profile
+
+    windows, envs, anchors = {}, {}, {}
+    for t, scale_range in trace_ranges:
+        part = split(resolve_trace(t), "train")
+        pool = WindowPool.draw(part, cfg.windows, cfg.episode_s, scale_range, cfg.seed)
+        n = min(cfg.imitation_windows, len(pool))
+        label = trace_label(t)
+        windows[label] = [(cut_window(part, s, x, cfg.episode_s), x, s, x)
+                          for s, x in zip(pool.starts[:n], pool.scales[:n])]
+        envs[label] = partial(gym.make, env.ENV_ID, trace=t, rate_scale_range=scale_range,
+                              **env_kwargs_of(cfg))
+        anchors[label] = Setting(references[t])
+    icfg = ImitationConfig(horizon_s=cfg.imitation_horizon_s, epochs=cfg.imitation_epochs,
+                           **({"candidates": cfg.imitation_candidates}
+                              if cfg.imitation_candidates else {}))
+    return warm_start(model.policy, venv, windows, lambda label: envs[label](), anchors, icfg,
+                      dagger_rounds=cfg.dagger_rounds if cfg.warm_start == "dagger" else 0,
+                      interval_s=cfg.interval_s, profile=Profile.load(cfg.profile),
+                      config=cfg.engine_config(seed=cfg.seed), seed=cfg.seed)
+
+
+def evaluate_controller(controller, windows: list[tuple], interval_s: float, profile,
+                        config=None) -> dict[str, float]:
+    """SLO attainment of one controller on each window, and their mean. ``controller`` is a
+    controller, or a function of the trace that builds one (a baseline tuned per trace)."""
     from agents.arena import run_episode
 
     out = {}
-    for label, s, window in windows:
-        ep = run_episode(window, controller, interval_s=interval_s, profile=profile)
+    for trace, label, s, window in windows:
+        c = controller(trace) if callable(controller) and not hasattr(controller, "decide") \
+            else controller
+        ep = run_episode(window, c, interval_s=interval_s, profile=profile, config=config)
         out[f"{label}/x{s:g}"] = ep.summary["slo_attainment"]
     out["mean"] = float(np.mean(list(out.values())))
     return out
@@ -340,11 +467,16 @@ def final_evaluation(cfg: Config, traces: list[str], onnx_path: Path, run_dir: P
     """The baselines and the exported policy on the eval split: result, plots, markdown table."""
     from agents.arena import evaluate
     from agents.export import stamp_metadata
+    from agents.oracle import ORACLE_NAME
     from agents.report import markdown_table, plot
 
-    controllers = [c for c in cfg.final_controllers.split(",") if c] + [f"policy:{onnx_path}"]
+    controllers = [c for c in cfg.final_controllers.split(",") if c]
+    if any(own_trace(t) for t in traces):  # an operator's trace: compare with its own bounds
+        controllers += [c for c in ("best-static", ORACLE_NAME) if c not in controllers]
+    controllers.append(f"policy:{onnx_path}")
     result = evaluate(traces, controllers, cfg.final_rate_scales, part="eval",
                       interval_s=cfg.interval_s, profile_path=cfg.profile,
+                      config=cfg.engine_config(seed=cfg.seed),
                       capacity=cfg.final_capacity, workers=cfg.workers, ray=cfg.ray or None,
                       match_static=cfg.final_match_static or None)
     plots = plot(result["rows"], run_dir / "plots")
@@ -356,6 +488,15 @@ def final_evaluation(cfg: Config, traces: list[str], onnx_path: Path, run_dir: P
                for r in result["rows"] if r["controller"].startswith("policy:")}
     stamp_metadata(onnx_path, {"batchpilot.eval_summary": json.dumps(summary)})
     return result, plots, table
+
+
+def own_trace(spec: str) -> bool:
+    """Whether a trace spec names a file (an operator's own trace) rather than an alias."""
+    from env.traces.resolve import MIXED_PREFIX, TRACE_ALIASES
+
+    if spec.startswith(MIXED_PREFIX):
+        return own_trace(spec[len(MIXED_PREFIX):])
+    return spec not in TRACE_ALIASES
 
 
 def write_card(cfg: Config, run_dir: Path, run_name: str, traces: list[str], training: dict,
@@ -370,11 +511,41 @@ def write_card(cfg: Config, run_dir: Path, run_name: str, traces: list[str], tra
         f"- date: {card['date']}\n- preset: {cfg.preset}; seed {cfg.seed}\n"
         f"- training traces: {', '.join(traces)} (train split: first 40 minutes)\n"
         f"- training: {cfg.total_timesteps:,} steps in {training['seconds']:.0f} s "
-        f"({training['env_steps_per_s']:.0f} env steps/s)\n"
+        f"({training['env_steps_per_s']:.0f} env steps/s); reward {cfg.reward}; "
+        f"{cfg.windows} windows per trace, curriculum {cfg.curriculum:g}\n"
+        f"- best static (train split): "
+        f"{'; '.join(f'{t}: {k}' for t, k in training['best_static_knobs'].items())}\n"
+        f"{warm_start_line(training['warm_start'])}"
+        f"{periodic_line(training)}"
         f"- export: max |ONNX - torch| = {export.max_abs_diff:.2g} on {export.num_checked} "
         f"observations; operators {export.operators}\n\n"
         f"## Evaluation on held-out windows (eval split: after minute 40)\n\n{table}\n\n"
         f"## Config\n\n```json\n{json.dumps(dataclasses.asdict(cfg), indent=1)}\n```\n")
+
+
+def warm_start_line(warm: dict) -> str:
+    """The card's line on how training started."""
+    out = ""
+    if "init_from" in warm:
+        out += f"- started from {warm['init_from']['from']}\n"
+    for r in warm.get("imitation", {}).get("rounds", []):
+        before, after = r["held_out_mse_before"], r["held_out_mse_after"]
+        mse = f"{before:.4f} -> {after:.4f}" if before is not None else "n/a"
+        out += (f"- imitation {r['round']}: {r['labels']} oracle labels, held-out action MSE "
+                f"{mse}, {r['seconds']:.0f} s\n")
+    return out
+
+
+def periodic_line(training: dict) -> str:
+    """The card's line on the best periodic evaluation against best static and the oracle."""
+    history = training["periodic_evaluations"]
+    if not history:
+        return ""
+    best = max(history, key=lambda h: h["mean"])
+    gaps = ", ".join(f"{k} {best[k]:+.4f}" for k in ("gap_to_best_static", "gap_to_oracle",
+                                                     "oracle_gain_share") if k in best)
+    return (f"- best periodic evaluation (step {best['step']:,}): mean SLO attainment "
+            f"{best['mean']:.4f}; {gaps}\n")
 
 
 def log_to_wandb(wandb_run, result: dict, plots: list[Path], onnx_path: Path, run_dir: Path,
@@ -414,9 +585,11 @@ def main(argv: list[str] | None = None, *,
     os.environ.setdefault("WANDB_SILENT", "true")
     import wandb
 
+    from agents.controllers.best_static import best_static_knobs
     from agents.registry import EvalSpec, make_controller
-    from agents.sb3_callbacks import PeriodicEval
-    from env.traces.resolve import resolve_trace
+    from agents.sb3_callbacks import CurriculumCallback, PeriodicEval
+    from env.traces.resolve import resolve_trace, trace_label
+    from env.windows import Curriculum
     from runtime.engine.profile import Profile
 
     # ---------------------------------------------------------------- seeding and the run folder
@@ -433,33 +606,70 @@ def main(argv: list[str] | None = None, *,
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
     print(f"run {run_name}: preset {cfg.preset}, traces {', '.join(traces)}, "
           f"{cfg.total_timesteps:,} steps on {cfg.n_envs} environments -> {run_dir}")
+    # best static's knobs per trace: the pairing's reference (a cached grid search; a trace of
+    # one's own gets its search here, once)
+    engine_config = cfg.engine_config(seed=cfg.seed)
+    references = {t: best_static_knobs(t, part="train", profile_path=cfg.profile,
+                                       config=engine_config) for t in traces}
+    for t, k in references.items():
+        print(f"best static on {trace_label(t)} (train split): {k}")
+    # every episode is paired with best static's replay of its window when the reward is
+    # differential or the curriculum needs the gap (without a pool, each episode replays anew)
+    paired = cfg.reward == "differential" or (cfg.windows > 0 and cfg.curriculum > 0)
 
     # ---------------------------------------------------------------- W&B, environments, PPO
     mode = wandb_mode(cfg.wandb_mode)
     wandb_run = wandb.init(project=cfg.wandb_project, name=run_name, mode=mode,
                            dir=str(run_dir), config=dataclasses.asdict(cfg),
                            settings=wandb.Settings(silent=True))
-    venv = make_vec_env(cfg, trace_ranges)
+    venv = make_vec_env(cfg, trace_ranges, references if paired else None)
     model = make_ppo(cfg, venv, run_dir)
+
+    # ---------------------------------------------------------------- warm start
+    warm: dict[str, Any] = {}
+    if cfg.init_from:
+        from agents.policy_init import init_from
+
+        warm["init_from"] = init_from(model, venv, cfg.init_from)
+        print(f"started from {cfg.init_from}: {', '.join(warm['init_from']['copied'])}")
+    if cfg.warm_start != "none":
+        warm["imitation"] = imitate(cfg, model, venv, trace_ranges, references).as_dict()
 
     # ---------------------------------------------------------------- periodic evaluation
     windows = periodic_eval_windows(cfg, trace_ranges)
-    spec0 = EvalSpec(traces[0], "eval", cfg.profile, cfg.interval_s)
-    baselines = {name: evaluate_controller(make_controller(name, spec0), windows,
-                                           cfg.interval_s, profile)
-                 for name in ("static", "pid")}
+
+    def baseline(name: str):
+        return lambda trace: make_controller(name, EvalSpec(trace, "eval", cfg.profile,
+                                                            cfg.interval_s, engine_config))
+
+    names = ("static", "pid", "best-static") + (("oracle",) if cfg.eval_oracle else ())
+    baselines = {name: evaluate_controller(baseline(name), windows, cfg.interval_s, profile,
+                                           engine_config) for name in names}
     print("periodic evaluation windows: " + ", ".join(k for k in baselines["static"]
                                                       if k != "mean"))
     for name, res in baselines.items():
-        print(f"  {name:>7}: mean SLO attainment {res['mean']:.2%}")
+        print(f"  {name:>11}: mean SLO attainment {res['mean']:.2%}")
     periodic = PeriodicEval(
         partial(evaluate_controller, windows=windows, interval_s=cfg.interval_s,
-                profile=profile),
-        venv, run_dir, baselines, cfg.eval_every, on_evaluate=on_eval)
+                profile=profile, config=engine_config),
+        venv, run_dir, baselines, cfg.eval_every, on_evaluate=on_eval,
+        interval_s=cfg.interval_s)
+    callbacks = [periodic]
+    curriculum = None
+    if paired and cfg.windows > 0 and cfg.curriculum > 0:
+        labels = [trace_label(t) for t, _ in trace_ranges]
+        curricula = {lab: Curriculum(cfg.windows, mix=cfg.curriculum) for lab in labels}
+        curriculum = CurriculumCallback([labels[i % len(labels)] for i in range(cfg.n_envs)],
+                                        curricula)
+        callbacks.append(curriculum)
 
     # ---------------------------------------------------------------- train
+    # the starting point competes for best too: the kept model is never worse on the evaluation
+    # windows than where training started (the static default, a clone, or --init-from)
+    periodic.init_callback(model)
+    periodic.evaluate()
     t0 = time.time()
-    model.learn(total_timesteps=cfg.total_timesteps, callback=periodic, progress_bar=True)
+    model.learn(total_timesteps=cfg.total_timesteps, callback=callbacks, progress_bar=True)
     train_s = time.time() - t0
     periodic.evaluate()  # the final weights compete for best too
     steps_per_s = cfg.total_timesteps / train_s
@@ -472,7 +682,15 @@ def main(argv: list[str] | None = None, *,
     result, plots, table = final_evaluation(cfg, traces, onnx_path, run_dir)
     training = {"seconds": train_s, "env_steps_per_s": steps_per_s,
                 "best_periodic_eval_mean_attainment": periodic.best,
-                "periodic_evaluations": periodic.history, "baselines_periodic_eval": baselines}
+                "periodic_evaluations": periodic.history, "baselines_periodic_eval": baselines,
+                "reward": cfg.reward, "best_static_knobs": {t: k.as_dict()
+                                                            for t, k in references.items()},
+                "warm_start": warm}
+    if curriculum is not None:
+        training["curriculum"] = {t: {"episodes": c.episodes.tolist(),
+                                      "loss": [None if np.isnan(x) else x for x in c.loss],
+                                      "probabilities": c.probabilities().tolist()}
+                                  for t, c in curriculum.curricula.items()}
     write_card(cfg, run_dir, run_name, traces, training, export, result, table)
     log_to_wandb(wandb_run, result, plots, onnx_path, run_dir, run_name,
                  {"train_seconds": train_s, "env_steps_per_s": steps_per_s,

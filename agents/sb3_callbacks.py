@@ -1,5 +1,13 @@
-"""The stable-baselines3 plumbing ``train.py`` hands to PPO: its logger into W&B, and the callback
-that logs serving metrics per rollout and evaluates (keeping the best model) every so many steps.
+"""The stable-baselines3 plumbing ``train.py`` hands to PPO: its logger into W&B, the callback
+that logs serving metrics per rollout and evaluates (keeping the best model) every so many steps,
+and the curriculum's callback that turns episode outcomes into window probabilities.
+
+What each evaluation logs to W&B (under ``eval/``): the policy's SLO attainment per window and
+its mean; every baseline's mean (static, PID, best static and, when evaluated, the oracle);
+``gap_to_best_static`` and ``gap_to_oracle`` (the policy's mean minus theirs, in attainment);
+``oracle_gain_share`` (the share of the oracle's gain over best static the policy takes, where the
+oracle gains anything); the mean of every knob the policy chose (``knobs/<name>``); and the knobs
+it chose over time on the first window (``knobs_over_time``, a table of simulated time and knobs).
 """
 
 from __future__ import annotations
@@ -16,10 +24,12 @@ from stable_baselines3.common.vec_env import VecNormalize
 from tqdm import tqdm
 
 from agents.sb3_controller import SB3PolicyController
+from env.windows import Curriculum
+from runtime.decider.decision import Decision
+from runtime.knobs import KNOB_NAMES
 
 SERVING_INFO_KEYS = ("slo_attainment", "goodput_rps", "ttft_p99_ratio", "tpot_p99_ratio",
-                     "preemptions", "ooms", "batch_window_ms", "prefill_chunk_tokens",
-                     "kv_cache_ratio", "rate_scale")
+                     "preemptions", "ooms", *KNOB_NAMES, "rate_scale")
 """the environment's info entries logged (as rollout means) under ``serving/``"""
 
 
@@ -35,6 +45,44 @@ class WandbWriter(KVWriter):
         pass
 
 
+class KnobRecorder:
+    """A controller that records the knobs another one decides (for the evaluations' knobs over
+    time); everything else is the wrapped controller's."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.knobs: list[tuple] = []
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def bind(self, engine) -> None:
+        bind = getattr(self.inner, "bind", None)
+        if bind is not None:
+            bind(engine)
+
+    def decide(self, observation: np.ndarray) -> Decision:
+        d = self.inner.decide(observation)
+        self.knobs.append(d.knobs.as_tuple())
+        return d
+
+
+def gaps(policy_mean: float, baselines: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The policy's gap to best static and to the oracle (mean attainment), and its share of the
+    oracle's gain over best static (only where the oracle gains anything)."""
+    out = {}
+    best = baselines.get("best-static", {}).get("mean")
+    oracle = baselines.get("oracle", {}).get("mean")
+    if best is not None:
+        out["gap_to_best_static"] = policy_mean - best
+    if oracle is not None:
+        out["gap_to_oracle"] = policy_mean - oracle
+        if best is not None and oracle - best > 1e-9:
+            out["oracle_gain_share"] = (policy_mean - best) / (oracle - best)
+    return out
+
+
 class PeriodicEval(BaseCallback):
     """Serving metrics of each rollout, and evaluation + best model every ``eval_every`` steps.
 
@@ -44,12 +92,18 @@ class PeriodicEval(BaseCallback):
     :param baselines: the baselines' evaluations, logged beside the policy's
     :param eval_every: environment steps between evaluations
     :param on_evaluate: called with every evaluation (``{"step": ..., **result}``)
+    :param interval_s: the decision interval (the time axis of the knobs over time)
+    :param timeline_len: decisions of the knobs-over-time table (the first window's, when the
+        first window is at least this long)
     """
 
     def __init__(self, evaluate: Callable[[Any], dict[str, float]], venv: VecNormalize,
                  run_dir: Path, baselines: dict[str, dict[str, float]], eval_every: int,
-                 on_evaluate: Callable[[dict[str, float]], None] | None = None) -> None:
+                 on_evaluate: Callable[[dict[str, float]], None] | None = None, *,
+                 interval_s: float = 0.25, timeline_len: int = 240) -> None:
         super().__init__()
+        self.interval_s = interval_s
+        self.timeline_len = timeline_len
         self.on_evaluate = on_evaluate
         self.evaluate_controller = evaluate
         self.venv = venv
@@ -77,12 +131,21 @@ class PeriodicEval(BaseCallback):
 
     def evaluate(self) -> None:
         """Evaluate the current policy; save it as the best model if it beats the best so far."""
-        res = self.evaluate_controller(SB3PolicyController(self.model, self.venv))
-        self.history.append({"step": self.num_timesteps, **res})
+        recorder = KnobRecorder(SB3PolicyController(self.model, self.venv))
+        res = self.evaluate_controller(recorder)
+        extra = gaps(res["mean"], self.baselines)
+        knobs = np.asarray(recorder.knobs, dtype=np.float64).reshape(-1, len(KNOB_NAMES))
+        means = {f"knobs/{k}": float(v) for k, v in zip(KNOB_NAMES, knobs.mean(axis=0))}
+        self.history.append({"step": self.num_timesteps, **res, **extra, **means})
         if self.on_evaluate is not None:
             self.on_evaluate(self.history[-1])
+        first = knobs[:self.timeline_len]
         wandb.log({f"eval/policy/{k}": v for k, v in res.items()}
-                  | {f"eval/{n}/mean": r["mean"] for n, r in self.baselines.items()},
+                  | {f"eval/{n}/mean": r["mean"] for n, r in self.baselines.items()}
+                  | {f"eval/{k}": v for k, v in {**extra, **means}.items()}
+                  | {"eval/knobs_over_time": wandb.Table(
+                      columns=["t_s", *KNOB_NAMES],
+                      data=[[i * self.interval_s, *row] for i, row in enumerate(first.tolist())])},
                   step=self.num_timesteps)
         if res["mean"] > self.best:
             self.best = res["mean"]
@@ -91,3 +154,42 @@ class PeriodicEval(BaseCallback):
         baselines = ", ".join(f"{n} {r['mean']:.2%}" for n, r in self.baselines.items())
         tqdm.write(f"step {self.num_timesteps:,}: eval mean SLO attainment {res['mean']:.2%} "
                    f"(best {self.best:.2%}; {baselines})")
+
+
+class CurriculumCallback(BaseCallback):
+    """Feeds every finished episode's outcome against best static (``info["episode_gap"]``, from
+    :class:`env.wrappers.StaticReference`) on its window (``info["window_id"]``, from
+    :class:`env.wrappers.PooledWindows`) into its trace's :class:`env.windows.Curriculum`, and
+    after every rollout sends each environment copy its trace's window probabilities.
+
+    :param trace_of_env: the trace label of each environment copy, in the vector's order
+    :param curricula: a curriculum per trace label
+    """
+
+    def __init__(self, trace_of_env: list[str], curricula: dict[str, Curriculum]) -> None:
+        super().__init__()
+        self.trace_of_env = trace_of_env
+        self.curricula = curricula
+        self.episodes = 0
+
+    def _on_step(self) -> bool:
+        for i, info in enumerate(self.locals["infos"]):
+            if "episode_gap" in info and info.get("window_id", -1) >= 0:
+                self.curricula[self.trace_of_env[i]].record(info["window_id"],
+                                                            -info["episode_gap"])
+                self.episodes += 1
+        return True
+
+    def _on_rollout_end(self) -> None:
+        stats = {}
+        for trace, c in self.curricula.items():
+            p = c.probabilities()
+            for i, t in enumerate(self.trace_of_env):
+                if t == trace:
+                    self.training_env.env_method("set_window_probabilities", p, indices=[i])
+            seen = ~np.isnan(c.loss)
+            stats |= {f"curriculum/{trace}/max_probability": float(p.max()),
+                      f"curriculum/{trace}/windows_seen": int(seen.sum()),
+                      f"curriculum/{trace}/mean_loss": float(np.mean(c.loss[seen]))
+                      if seen.any() else 0.0}
+        wandb.log(stats, step=self.num_timesteps)

@@ -10,15 +10,22 @@ import numpy as np
 from gymnasium import spaces
 
 from env.session import RewardWeights, ServingSession
-from env.traces import rate_scale, time_window
 from env.traces import split as split_trace
 from env.traces.resolve import resolve_trace
 from env.traces.trace import Trace
+from env.windows import cut_window, draw_window
 from runtime.decider.guard import DEFAULT_MAX_STEP, slew_limit_one
 from runtime.engine.engine import EngineConfig
 from runtime.engine.factory import make_executor
 from runtime.engine.profile import Profile
-from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, NUM_KNOBS, action_to_knobs, knobs_to_action
+from runtime.knobs import (
+    DEFAULT_KNOBS,
+    KNOB_NAMES,
+    KNOB_SPECS,
+    NUM_KNOBS,
+    action_to_knobs,
+    knobs_to_action,
+)
 from runtime.observation import OBS_DIM, OBS_HIGH, OBS_LOW, observation_table
 from runtime.session import DEFAULT_INTERVAL_S
 
@@ -137,16 +144,14 @@ class ServingEnv(gym.Env):
         self.action_space = spaces.Box(-1.0, 1.0, shape=(NUM_KNOBS,), dtype=np.float32)
         self.observation_space = spaces.Box(OBS_LOW, OBS_HIGH, dtype=np.float32)
         self.session: ServingSession | None = None
+        self._current: tuple = (None, ())
+        """(the engine's knobs, their action coordinates): converted once per change, not once
+        per step (the slew limit needs them every step)"""
         self.rate_scale = 1.0
         self.start_s = 0.0
         self._last: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ episode
-    def _window(self, start_s: float, scale: float) -> Trace:
-        span = self.episode_s * scale  # trace seconds that become episode_s after scaling
-        window = time_window(self.trace, start_s, start_s + span)
-        return rate_scale(window, scale) if scale != 1.0 else window
-
     def _executor(self):
         if self.executor_kind == "sim":
             return None  # ServingSession builds a simulated one from the profile
@@ -155,17 +160,22 @@ class ServingEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         options = options or {}
-        lo, hi = self.rate_scale_range
-        scale = float(options.get("rate_scale",
-                                  math.exp(self.np_random.uniform(math.log(lo), math.log(hi)))))
-        span = self.episode_s * scale
-        t0, t1 = float(self.trace.arrival_s[0]), float(self.trace.arrival_s[-1])
-        latest = max(t0, t1 - span)
-        start = float(options.get("start_s", self.np_random.uniform(t0, latest)))
-        window = self._window(start, scale)
-        while len(window) < 2:  # an empty stretch of a bursty trace: draw again
-            start = float(self.np_random.uniform(t0, latest))
-            window = self._window(start, scale)
+        if "rate_scale" in options:
+            scale = float(options["rate_scale"])
+            scale_range = (scale, scale)
+        else:
+            scale_range = self.rate_scale_range
+        if "start_s" in options:
+            start = float(options["start_s"])
+            scale = scale_range[0] if scale_range[0] == scale_range[1] else math.exp(
+                self.np_random.uniform(*np.log(scale_range)))
+        else:
+            start, scale = draw_window(self.np_random, self.trace, self.episode_s, scale_range)
+        window = cut_window(self.trace, start, scale, self.episode_s)
+        if len(window) < 2:
+            raise ValueError(f"the window of {self.episode_s:g} s at start_s={start:g} "
+                             f"(rate scale {scale:g}) holds {len(window)} requests; an episode "
+                             "needs at least 2")
         self.rate_scale, self.start_s = scale, start
         self.session = ServingSession(window, interval_s=self.interval_s, profile=self.profile,
                                       config=self.engine_config, knobs=DEFAULT_KNOBS,
@@ -182,8 +192,10 @@ class ServingEnv(gym.Env):
         values = action.tolist() if hasattr(action, "tolist") else list(action)
         if len(values) != NUM_KNOBS:
             raise ValueError(f"an action has {NUM_KNOBS} components, got {len(values)}")
-        knobs = action_to_knobs(slew_limit_one(values, knobs_to_action(self.session.engine.knobs),
-                                               self.max_step))
+        knobs_now = self.session.engine.knobs
+        if knobs_now is not self._current[0]:
+            self._current = (knobs_now, knobs_to_action(knobs_now))
+        knobs = action_to_knobs(slew_limit_one(values, self._current[1], self.max_step))
         result = self.session.step(knobs)
         truncated = self.session.window_over
         info = self._info(result)
@@ -194,17 +206,18 @@ class ServingEnv(gym.Env):
 
     def _info(self, result) -> dict[str, Any]:
         s = result.stats
+        duration = s.end_s - s.start_s
         info = {
             "time_s": s.end_s, "rate_scale": self.rate_scale, "window_start_s": self.start_s,
             "slo_attainment": s.slo_attainment, "met": s.met, "violations": s.violations,
             "finished": s.finished, "arrivals": s.arrivals,
-            "goodput_rps": s.met / s.duration_s if s.duration_s > 0 else 0.0,
+            "goodput_rps": s.met / duration if duration > 0 else 0.0,
             "ttft_p99_ratio": s.ttft_p99_ratio, "tpot_p99_ratio": s.tpot_p99_ratio,
             "preemptions": s.preemptions, "ooms": s.ooms, "waiting": s.waiting,
             "running": s.running, "kv_utilization": s.kv_utilization,
-            **{k.name: v for k, v in zip(KNOB_SPECS, result.knobs.as_tuple())},
             "reward_terms": result.reward_terms,
         }
+        info.update(zip(KNOB_NAMES, result.knobs.as_tuple()))
         self._last = info
         return info
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,13 +63,19 @@ class RewardWeights:
                 raise ValueError(f"reward weight {name} must be a finite number >= 0, got {v}")
 
 
-@dataclass(frozen=True)
-class StepResult:
+class StepResult(NamedTuple):
+    """One interval of an episode (a named tuple: built every step, it must be cheap)."""
+
     observation: np.ndarray
+    """the observation at the interval's end"""
     reward: float
+    """the interval's reward (the sum of ``reward_terms``)"""
     stats: IntervalStats
+    """the engine's interval stats"""
     knobs: Knobs
+    """the knobs the interval ran under"""
     reward_terms: dict[str, float]
+    """the reward's terms by name"""
 
 
 def trace_engine(trace: Trace, *, executor: Executor | None = None,

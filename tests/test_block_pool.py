@@ -63,6 +63,13 @@ class PoolMachine(RuleBasedStateMachine):
         assert sorted(used + free) == list(range(self.pool.num_blocks)), "a block leaked"
         assert 0.0 <= self.pool.fragmentation() <= 1.0
 
+    @invariant()
+    def fragmentation_from_the_kept_array_equals_one_from_scratch(self) -> None:
+        fresh = BlockPool(self.pool.num_blocks)
+        fresh._free = self.pool.free_ids()  # a pool with no array kept converts the whole list
+        assert self.pool.fragmentation() == fresh.fragmentation()
+        assert self.pool.copy().fragmentation() == fresh.fragmentation()
+
 
 TestPoolMachine = PoolMachine.TestCase
 TestPoolMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
@@ -79,6 +86,17 @@ def test_shrink_refuses_while_more_blocks_are_in_use():
     pool.allocate(6)
     with pytest.raises(ValueError, match="cannot shrink to 4 blocks with 6 in use"):
         pool.shrink(4)
+
+
+def test_fragmentation_is_the_share_of_free_blocks_outside_one_run():
+    pool = BlockPool(10)
+    pool.allocate(10)
+    pool.free([1, 2, 5, 6, 7])  # free runs of 2 and 3 blocks
+    assert pool.fragmentation() == 1.0 - (2 * 2 + 3 * 3) / 5**2
+    pool.free([3, 4])  # one run 1..7
+    assert pool.fragmentation() == 0.0
+    assert pool.allocate_one() == 4
+    assert pool.fragmentation() == 1.0 - (3 * 3 + 3 * 3) / 6**2
 
 
 def test_shrink_moves_used_blocks_below_the_cut():

@@ -129,7 +129,8 @@ def test_a_sweep_on_a_running_ray_trains_every_trial_and_reports_its_evaluations
         assert set(t) >= {"final/synthetic/x1.5", "run_dir"}
         card = json.loads((Path(t["run_dir"]) / "card.json").read_text())
         assert card["config"]["learning_rate"] == float(t["learning_rate"])
-        assert [e["step"] for e in card["training"]["periodic_evaluations"]] == [128, 256, 256]
+        # the starting policy, every --eval-every steps, and the final weights
+        assert [e["step"] for e in card["training"]["periodic_evaluations"]] == [0, 128, 256, 256]
     assert result["best"] in trials
     assert (tmp_path / "t" / "sweep.json").is_file()
 

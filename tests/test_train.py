@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +21,8 @@ def test_smoke_run_writes_a_checkpoint_folder_with_a_checked_onnx_policy(tmp_pat
     out = subprocess.run(
         [sys.executable, "train.py", "--preset", "smoke", "--total-timesteps", "512",
          "--n-steps", "128", "--batch-size", "64", "--eval-every", "512",
-         "--wandb-mode", "disabled", "--out-dir", str(tmp_path), "--run-name", "t"],
+         "--wandb-mode", "disabled", "--out-dir", str(tmp_path), "--run-name", "t",
+         "--eval-oracle", "False"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     run = tmp_path / "t"
@@ -66,3 +70,54 @@ def test_a_preset_fills_only_the_fields_the_command_line_leaves():
     assert (cfg.preset, cfg.total_timesteps, cfg.n_envs, cfg.init_at_default) == (
         "full", 600_000, 2, False)
     assert parse_config(["--final-rate-scales", "1", "3"]).final_rate_scales == (1.0, 3.0)
+
+
+def azure_csv(path: Path, seed: int = 0) -> Path:
+    """A tiny trace in the Azure format: 90 s of requests at the start (the train split) and 90 s
+    after minute 40 (the eval split)."""
+    rng = np.random.default_rng(seed)
+    t = np.concatenate([np.sort(rng.uniform(0, 90, 120)), np.sort(rng.uniform(2400, 2490, 120))])
+    rows = [f"2023-11-16 18:{int(s // 60):02d}:{s % 60:010.7f},{rng.integers(200, 3000)},"
+            f"{rng.integers(5, 250)}" for s in t]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_training_on_an_operators_own_trace_compares_with_its_best_static_and_oracle(tmp_path):
+    trace = azure_csv(tmp_path / "shop.csv")
+    ckpt = tmp_path / "checkpoints"  # the trace's best-static search is cached here, not in git
+    shutil.copytree(ROOT / "checkpoints" / "profiles", ckpt / "profiles")
+    env = {**os.environ, "BATCHPILOT_CHECKPOINTS_DIR": str(ckpt)}
+    common = ["--preset", "smoke", "--trace", str(trace), "--total-timesteps", "512",
+              "--n-steps", "128", "--batch-size", "64", "--eval-every", "512", "--episode-s",
+              "20", "--windows", "4", "--wandb-mode", "disabled", "--out-dir", str(tmp_path)]
+    out = subprocess.run([sys.executable, "train.py", *common, "--run-name", "own"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    card_md = (tmp_path / "own" / "card.md").read_text()
+    for controller in ("static", "best-static", "oracle (upper bound)", "policy:own"):
+        assert f"| shop | {controller} | 1.5 |" in card_md, controller
+    card = json.loads((tmp_path / "own" / "card.json").read_text())
+    assert list(card["training"]["best_static_knobs"]) == [str(trace)]
+    assert (ckpt / "best_static").is_dir() and all(
+        p.name.startswith("shop-") for p in (ckpt / "best_static").iterdir())
+    history = card["training"]["periodic_evaluations"]
+    assert {"gap_to_best_static", "gap_to_oracle", "knobs/prefill_chunk_tokens"} <= set(history[-1])
+    # fine-tune what it exported, on the same trace
+    out = subprocess.run([sys.executable, "train.py", *common, "--run-name", "again",
+                          "--eval-oracle", "False",
+                          "--init-from", str(tmp_path / "own" / "policy.onnx")], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    again = json.loads((tmp_path / "again" / "card.json").read_text())
+    assert again["training"]["warm_start"]["init_from"]["copied"] == [
+        "mlp_extractor.policy_net.0.weight", "mlp_extractor.policy_net.0.bias",
+        "mlp_extractor.policy_net.2.weight", "mlp_extractor.policy_net.2.bias",
+        "action_net.weight", "action_net.bias", "obs_mean", "obs_scale"]
+    assert f"started from {tmp_path / 'own' / 'policy.onnx'}" in (
+        tmp_path / "again" / "card.md").read_text()
+    # its first evaluation, before any step, is the exported policy's
+    first = again["training"]["periodic_evaluations"][0]
+    assert first["step"] == 0 and first["mean"] == pytest.approx(
+        card["training"]["periodic_evaluations"][-1]["mean"], abs=0.02)

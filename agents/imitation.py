@@ -1,0 +1,251 @@
+"""Imitation of the lookahead oracle, PPO's warm start: behaviour cloning, then DAgger.
+
+Behaviour cloning (:func:`clone`) fits the actor of an SB3 ``MlpPolicy`` (the same network PPO
+then fine-tunes and :mod:`agents.export` exports) to the oracle's labels: the mean action of the
+policy's Gaussian against the oracle's knobs as actions (``knobs_to_action``), by mean squared
+error, on observations normalised by the trainer's ``VecNormalize``. The value head and the log
+standard deviation are left to PPO.
+
+Cloning alone learns the oracle's choices on the states the oracle's own control visits; a
+cloned policy drifts to states the oracle never showed it. DAgger (Ross et al., 2011) closes
+that gap: :func:`visit_and_label` drives the training environment with the current policy and
+asks the oracle, at every state the policy visits, what it would have chosen there (the oracle
+reads the engine: it is bound to the episode's engine and searches from its state). The labels of
+every round are pooled and the policy is cloned again on all of them.
+
+The labels of the first round come from :func:`agents.oracle_label.label_window` (the oracle
+drives); both rounds label one observation per decision interval.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from agents.oracle import LookaheadOracle, OracleConfig, Setting
+from agents.oracle_label import Labels, label_window
+from env.traces.trace import Trace
+from runtime.engine.engine import EngineConfig
+from runtime.engine.profile import Profile
+from runtime.knobs import knobs_to_action
+
+
+@dataclass
+class ImitationConfig:
+    """How the oracle labels and how the policy is cloned."""
+
+    horizon_s: float = 4.0
+    """simulated seconds each oracle candidate runs ahead (the arena's oracle looks 10 s ahead;
+    labelling searches every interval, so a shorter look ahead keeps it affordable)"""
+    candidates: str = OracleConfig.candidates
+    """the oracle's candidate grid (:func:`agents.oracle.parse_candidates`)"""
+    epochs: int = 60
+    """passes over the labels per cloning"""
+    batch_size: int = 256
+    """labels per gradient step"""
+    learning_rate: float = 1e-3
+    """Adam's learning rate for cloning"""
+    holdout: float = 0.2
+    """share of the labelled windows held out to measure the cloned policy's action error"""
+
+
+@dataclass
+class ImitationReport:
+    """What the warm start did, for the card."""
+
+    rounds: list[dict] = field(default_factory=list)
+    """per round: labels, held-out action MSE before and after cloning, seconds"""
+
+    def as_dict(self) -> dict:
+        return {"rounds": self.rounds}
+
+
+def mean_actions(policy, observations: np.ndarray) -> torch.Tensor:
+    """The mean action of ``policy``'s Gaussian (SB3's deterministic action, before clipping)."""
+    obs = torch.as_tensor(observations, dtype=torch.float32)
+    features = policy.extract_features(obs, policy.pi_features_extractor)
+    return policy.action_net(policy.mlp_extractor.forward_actor(features))
+
+
+def action_mse(policy, observations: np.ndarray, actions: np.ndarray) -> float:
+    """Mean squared error of the policy's clipped deterministic action against ``actions``."""
+    with torch.no_grad():
+        pred = torch.clamp(mean_actions(policy, observations), -1.0, 1.0)
+    return float(torch.mean((pred - torch.as_tensor(actions, dtype=torch.float32)) ** 2))
+
+
+def clone(policy, observations: np.ndarray, actions: np.ndarray, *, epochs: int = 60,
+          batch_size: int = 256, learning_rate: float = 1e-3, seed: int = 0) -> list[float]:
+    """Fit the actor (feature extractor, policy MLP, action head) of ``policy`` to ``actions``
+    by mean squared error; returns the mean loss of each epoch. ``observations`` are what the
+    policy sees (normalised as in training)."""
+    params = [*policy.mlp_extractor.policy_net.parameters(), *policy.action_net.parameters()]
+    opt = torch.optim.Adam(params, lr=learning_rate)
+    obs = torch.as_tensor(observations, dtype=torch.float32)
+    target = torch.as_tensor(actions, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    losses = []
+    policy.train()
+    for _ in range(epochs):
+        order = torch.randperm(len(obs), generator=gen)
+        total = 0.0
+        for i in range(0, len(obs), batch_size):
+            idx = order[i:i + batch_size]
+            loss = torch.mean((mean_actions(policy, obs[idx]) - target[idx]) ** 2)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(idx)
+        losses.append(total / len(obs))
+    policy.eval()
+    return losses
+
+
+def oracle_for(cfg: ImitationConfig, anchor: Setting | None, interval_s: float) -> LookaheadOracle:
+    """A labelling oracle: one search per decision interval."""
+    return LookaheadOracle(OracleConfig(period_s=interval_s, horizon_s=cfg.horizon_s,
+                                        candidates=cfg.candidates),
+                           anchor=anchor, interval_s=interval_s)
+
+
+def oracle_labels(windows: Sequence[tuple[Trace, float]], cfg: ImitationConfig,
+                  anchor: Setting | None, *, interval_s: float, profile: Profile | None,
+                  config: EngineConfig | None = None) -> Labels:
+    """Behaviour cloning's labels: the oracle drives each window and labels every state."""
+    labels = Labels()
+    for i, (window, scale) in enumerate(windows):
+        label_window(window, oracle_for(cfg, anchor, interval_s), labels, index=i, scale=scale,
+                     interval_s=interval_s, profile=profile, config=config)
+    return labels
+
+
+def visit_and_label(env, act: Callable[[np.ndarray], np.ndarray],
+                    windows: Sequence[tuple[float, float]], cfg: ImitationConfig,
+                    anchor: Setting | None, *, first_index: int = 0) -> Labels:
+    """DAgger's labels: ``act`` (observation -> action) drives ``env`` (a
+    :class:`env.serving_env.ServingEnv`, possibly wrapped) on each window ``(start_s,
+    rate_scale)``, and the oracle labels every state the policy visits."""
+    labels = Labels()
+    u = env.unwrapped
+    t0, c0 = time.perf_counter(), time.process_time()
+    for i, (start, scale) in enumerate(windows):
+        obs, _ = u.reset(options={"start_s": start, "rate_scale": scale})
+        oracle = oracle_for(cfg, anchor, u.interval_s)
+        oracle.bind(u.session.engine)
+        done = False
+        while not done:
+            setting = oracle.decide_setting()
+            labels.observations.append(obs)
+            labels.actions.append(knobs_to_action(setting.knobs))
+            labels.window.append(first_index + i)
+            labels.t_s.append(u.session.now)
+            labels.rate_scale.append(scale)
+            obs, _, term, trunc, _ = u.step(act(obs))
+            done = term or trunc
+        labels.sim_s += u.session.now
+    labels.wall_s += time.perf_counter() - t0
+    labels.cpu_s += time.process_time() - c0
+    return labels
+
+
+def split_by_window(labels: Labels, holdout: float) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks (train, held out) over the labels: the last ``holdout`` share of the
+    windows (at least one, when there are two or more) is held out whole, so that the held-out
+    error measures states of windows the cloning never saw."""
+    window = np.asarray(labels.window)
+    ids = np.unique(window)
+    n_out = min(len(ids) - 1, max(1, round(holdout * len(ids)))) if holdout > 0 else 0
+    held = np.isin(window, ids[len(ids) - n_out:]) if n_out else np.zeros(len(window), bool)
+    return ~held, held
+
+
+def as_arrays(labels: Labels) -> tuple[np.ndarray, np.ndarray]:
+    """``(observations [n, OBS_DIM], actions [n, NUM_KNOBS])`` as float32."""
+    return (np.asarray(labels.observations, dtype=np.float32),
+            np.asarray(labels.actions, dtype=np.float32))
+
+
+def _policy_act(policy, venv) -> Callable[[np.ndarray], np.ndarray]:
+    """observation -> the policy's deterministic action, normalised as in training."""
+
+    def act(obs: np.ndarray) -> np.ndarray:
+        x = venv.normalize_obs(np.asarray(obs, dtype=np.float32)[None, :])
+        with torch.no_grad():
+            a = torch.clamp(mean_actions(policy, x), -1.0, 1.0)
+        return a.numpy().reshape(-1)
+
+    return act
+
+
+def _fit_round(policy, venv, labels: Labels, cfg: ImitationConfig, seed: int,
+               new: np.ndarray) -> dict:
+    """Clone on every label not held out; the held-out error is measured on ``new`` (this
+    round's labels) before and after."""
+    obs, actions = as_arrays(labels)
+    x = venv.normalize_obs(obs)
+    train, held = split_by_window(labels, cfg.holdout)
+    held_new = held & new
+    before = action_mse(policy, x[held_new], actions[held_new]) if held_new.any() else None
+    losses = clone(policy, x[train], actions[train], epochs=cfg.epochs,
+                   batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=seed)
+    after = action_mse(policy, x[held_new], actions[held_new]) if held_new.any() else None
+    return {"labels": int(new.sum()), "labels_total": len(labels),
+            "held_out_labels": int(held_new.sum()), "held_out_mse_before": before,
+            "held_out_mse_after": after, "train_loss_first": losses[0],
+            "train_loss_last": losses[-1]}
+
+
+def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, float]]],
+               make_env: Callable[[str], object], anchors: dict[str, Setting | None],
+               cfg: ImitationConfig, *, dagger_rounds: int, interval_s: float,
+               profile: Profile | None, config: EngineConfig | None = None, seed: int = 0,
+               log=print) -> ImitationReport:
+    """Behaviour cloning on the oracle's labels of ``windows``, then ``dagger_rounds`` rounds of
+    DAgger on the same windows, the labels of every round pooled.
+
+    :param policy: the SB3 policy (its actor is trained in place)
+    :param venv: the trainer's VecNormalize: its observation statistics are updated with the
+        first round's observations and then used, unchanged, for every round
+    :param windows: per trace label, ``(window, rate_scale, start_s, pool_scale)`` of each
+        window to label (the window cut from the split, and where it came from)
+    :param make_env: a training environment of a trace (DAgger drives it)
+    :param anchors: best static's setting per trace (the oracle's first candidate)
+    :param config: the engine's SLO classes and levers (the training environments')
+    """
+    report = ImitationReport()
+    t0 = time.perf_counter()
+    labels = Labels()
+    first = 0
+    for trace, ws in windows.items():
+        part = oracle_labels([(w, x) for w, x, _, _ in ws], cfg, anchors.get(trace),
+                             interval_s=interval_s, profile=profile, config=config)
+        part.window = [first + i for i in part.window]
+        labels.extend(part)
+        first += len(ws)
+    obs, _ = as_arrays(labels)
+    venv.obs_rms.update(obs.astype(np.float64))
+    row = _fit_round(policy, venv, labels, cfg, seed, np.ones(len(labels), dtype=bool))
+    report.rounds.append({"round": "bc", **row, "seconds": time.perf_counter() - t0})
+    log(f"behaviour cloning: {row['labels']} oracle labels, held-out action MSE "
+        f"{row['held_out_mse_before']} -> {row['held_out_mse_after']}")
+    for r in range(dagger_rounds):
+        t0 = time.perf_counter()
+        n_before = len(labels)
+        first = 0
+        act = _policy_act(policy, venv)
+        for trace, ws in windows.items():
+            part = visit_and_label(make_env(trace), act, [(s, x) for _, _, s, x in ws], cfg,
+                                   anchors.get(trace), first_index=first)
+            labels.extend(part)
+            first += len(ws)
+        new = np.arange(len(labels)) >= n_before
+        row = _fit_round(policy, venv, labels, cfg, seed + r + 1, new)
+        report.rounds.append({"round": f"dagger-{r + 1}", **row,
+                              "seconds": time.perf_counter() - t0})
+        log(f"DAgger round {r + 1}: {row['labels']} labels on the policy's own states, held-out "
+            f"action MSE {row['held_out_mse_before']} -> {row['held_out_mse_after']}")
+    return report
