@@ -259,9 +259,11 @@ class Session:
             bind(engine)
         while (self.next_grid_s() <= until_s + _EPS if until_s is not None
                else engine.has_work() and engine.now < max_s):
-            if until_s is None and not self.pacer.realtime and engine.is_idle():
+            if (until_s is None and not self.pacer.realtime and engine.is_idle()
+                    and not engine.waiting_batch and math.isfinite(engine.next_arrival_s())):
                 # a replay's idle gap is one interval, not one per grid point: the work stays
-                # proportional to the requests however far apart they arrive
+                # proportional to the requests however far apart they arrive (not while batch
+                # work waits for a share the decider may open: it decides every interval)
                 last_grid = math.floor(engine.next_arrival_s() / self.interval_s) * self.interval_s
                 if last_grid - self.next_grid_s() > self.interval_s:
                     engine.run_until(min(last_grid, max_s))

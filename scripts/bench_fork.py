@@ -11,7 +11,13 @@ interval counters are as short as they are in use):
 - fork: ``Engine.fork(horizon_s)`` (requests in flight and those arriving within the horizon).
 
 Also prints what one candidate's look ahead over the horizon costs after a fork, the unit a
-search multiplies by its candidates.
+search multiplies by its candidates, and with ``--grids`` what a whole search of each candidate
+grid costs at the same points, side by side (a search per grid, the first grid's time the
+reference):
+
+    PYTHONPATH=$PWD python scripts/bench_fork.py --trace mixed --at 100 302 400 600 --grids \
+        "window=5;chunk=256,512,1024,2048,4096,8192,16384;ratio=0.95;batch_share=0,0.5,1" \
+        "window=5;chunk=1024;ratio=0.95;batch_share=0,0.25,0.5,1"
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 
 import tyro
 
+from agents.oracle import parse_candidates, search
 from env.session import ServingSession
 from env.traces import rate_scale, split
 from env.traces.resolve import resolve_trace
@@ -65,6 +72,8 @@ class Args:
     """how far a fork looks ahead (only arrivals within it are copied)"""
     repeat: int = 5
     """timings are the best of this many (half as many for the slow replay and deepcopy)"""
+    grids: tuple[str, ...] = ()
+    """candidate grids (the oracle's grammar) whose whole search is timed at each point"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| t s | in flight | replay 0..t ms | deepcopy ms | fork ms | look ahead ms | "
           "replay/fork | deepcopy/fork |")
     print("|---|---|---|---|---|---|---|---|")
+    grids = [parse_candidates(g) for g in args.grids]
+    searches = []
     for t in sorted(args.at):
         while session.now < t:
             session.step(DEFAULT_KNOBS)
@@ -92,6 +103,21 @@ def main(argv: list[str] | None = None) -> int:
         inflight = len(engine.running) + len(engine.waiting)
         print(f"| {now:.1f} | {inflight} | {rep * 1e3:.1f} | {deep * 1e3:.2f} | {fork * 1e3:.3f} | "
               f"{ahead * 1e3:.2f} | {rep / fork:.0f}x | {deep / fork:.0f}x |")
+        backlog = len(engine.waiting_batch) + sum(r.is_batch for r in engine.running)
+        searches.append((now, inflight, backlog, [_best_of(functools.partial(
+            search, engine, g, args.horizon_s), 1) for g in grids]))
+    if grids:
+        print("\n| t s | in flight | batch in flight | "
+              + " | ".join(f"search of grid {i + 1} ({len(g)} candidates) ms"
+                           for i, g in enumerate(grids)) + " | grid 1 / others |")
+        print("|---|---|---|" + "---|" * len(grids) + "---|")
+        for now, inflight, backlog, times in searches:
+            print(f"| {now:.1f} | {inflight} | {backlog} | "
+                  + " | ".join(f"{x * 1e3:.0f}" for x in times) + " | "
+                  + ", ".join(f"{times[0] / x:.1f}x" for x in times[1:]) + " |")
+        totals = [sum(s[3][i] for s in searches) for i in range(len(grids))]
+        print("| all | | | " + " | ".join(f"{x * 1e3:.0f}" for x in totals) + " | "
+              + ", ".join(f"{totals[0] / x:.1f}x" for x in totals[1:]) + " |")
     return 0
 
 

@@ -156,3 +156,17 @@ def test_the_breaker_counts_its_cool_down_in_engine_seconds(policy_path):
     back = sources.index("policy", first_open)
     assert all(r.reason == "circuit open" for r in records[first_open:back])
     assert records[back].end_s - records[first_open].end_s >= 5.0
+
+
+def test_batch_work_held_back_by_a_zero_share_is_decided_on_every_interval_then_aborted():
+    # Nothing else will arrive, nothing runs, a batch request waits behind batch_share 0: the
+    # loop may not jump the idle gap to an arrival that never comes (it overflowed), and a
+    # decider that could open the tap is asked every interval until max_s, then the rest aborts.
+    from runtime.engine.engine import EngineConfig
+
+    res = replay(SimulatedExecutor(), [0.0], [100], [10], ["batch"],
+                 config=EngineConfig(batch_share=0.0), interval_s=0.5, max_s=3.0,
+                 on_interval=lambda r: None)
+    assert res.decisions == 6
+    assert res.summary.rejected_by_reason == {"aborted": 1}
+    assert res.summary.batch_met == 0

@@ -65,6 +65,7 @@ import heapq
 import math
 import operator
 from collections import deque
+from typing import cast
 
 from runtime.engine.block_pool import BlockPool
 from runtime.engine.config import MAX_ARRIVAL_S, EngineConfig, check_batch_share
@@ -461,11 +462,16 @@ class Engine(QueuesMixin, ObservingMixin):
         copies: list[Request] = []
         memo[id(self.requests)] = copies
         # Requests in flight, in whatever queue holds them, are cloned once each as the deep copy
-        # meets them (Request.__deepcopy__); deadline entries of finished requests are dropped.
+        # meets them (Request.__deepcopy__). The deadline heap is rebuilt from those clones rather
+        # than deep-copied tuple by tuple (with a batch drop waiting, most of a fork's time went
+        # there); entries of finished requests are dropped.
         state = dict(self.__dict__)
-        state["_deadlines"] = [e for e in self._deadlines if e[3].status < Status.FINISHED]
+        state["_deadlines"] = []
         clone = Engine.__new__(Engine)
         clone.__dict__ = copy.deepcopy(state, memo)
+        seen = cast(dict[int, Request], memo)
+        clone._deadlines = [(t, i, kind, seen[id(r)] if id(r) in seen else r.__deepcopy__(memo))
+                            for t, i, kind, r in self._deadlines if r.status < Status.FINISHED]
         heapq.heapify(clone._deadlines)
         copies.extend(v for v in memo.values() if type(v) is Request)
         copies.extend(pending)
