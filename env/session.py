@@ -126,17 +126,19 @@ class ServingSession:
 
     def step(self, knobs: Knobs) -> StepResult:
         """Apply ``knobs``, run to the next point of the interval grid, and observe it."""
-        self.loop.apply(knobs)
-        stats, obs = self.loop.advance()
+        loop = self.loop
+        loop.apply(knobs)
+        stats, obs = loop.advance()
+        knobs = self.engine.knobs  # as applied
         w = self.weights
         met = stats.met + (w.batch_weight - 1.0) * stats.batch_met
         served = (met - w.violation_weight * stats.violations) / self.requests_per_interval
-        memory = w.memory_price * self.engine.knobs.kv_cache_ratio
+        memory = w.memory_price * knobs.kv_cache_ratio
         demand = stats.cotenant_demand_gib_s
         cotenant = w.cotenant_value * (stats.cotenant_served_gib_s / demand if demand > 0 else 1.0)
         oom = w.oom_penalty * stats.ooms
         self.num_steps += 1
-        return StepResult(obs, served - memory + cotenant - oom, stats, self.engine.knobs,
+        return StepResult(obs, served - memory + cotenant - oom, stats, knobs,
                           {"served": served, "memory": -memory, "cotenant": cotenant,
                            "oom": -oom})
 

@@ -237,21 +237,38 @@ _TRANSFORMS = tuple(
     (f.transform, f.low, f.high,
      math.log1p(f.high) if f.transform in ("log", "slog") else f.high - f.low)
     for f in OBSERVATION_FIELDS[:_NUM_MEASURED])
+# _vector is on every decision and every environment step: the log fields (most of them) in one
+# loop, the others in a second, each entry with its position; the same operations as the table.
+_LOG_TRANSFORMS = tuple((i, low, high, denom)
+                        for i, (kind, low, high, denom) in enumerate(_TRANSFORMS) if kind == "log")
+_OTHER_TRANSFORMS = tuple((i, kind == "slog", low, high, denom)
+                          for i, (kind, low, high, denom) in enumerate(_TRANSFORMS)
+                          if kind != "log")
+_log1p = math.log1p
+_copysign = math.copysign
+_last_action: tuple[Knobs | None, tuple[float, ...]] = (None, ())
+"""the knobs _vector last saw and their action coordinates: the knobs change far less often than
+the vector is built (read and replaced as one tuple, so threads may share it)"""
 
 
 def _vector(values: list[float], knobs: Knobs) -> np.ndarray:
     """The vector from the measured fields' raw values (in table order) and the knobs: the one
     implementation of the transforms, shared by the named (REST) and the engine paths."""
-    out = []
-    for x, (kind, low, high, denom) in zip(values, _TRANSFORMS):
+    global _last_action
+    last = _last_action
+    if knobs is last[0]:
+        action = last[1]
+    else:
+        action = knobs_to_action(knobs)
+        _last_action = (knobs, action)
+    out = [*values, *action]
+    for i, low, high, denom in _LOG_TRANSFORMS:
+        x = values[i]
+        out[i] = _log1p(low if x < low else high if x > high else x) / denom
+    for i, slog, low, high, denom in _OTHER_TRANSFORMS:
+        x = values[i]
         x = low if x < low else high if x > high else x
-        if kind == "log":
-            out.append(math.log1p(x) / denom)
-        elif kind == "slog":
-            out.append(math.copysign(math.log1p(abs(x)), x) / denom)
-        else:
-            out.append((x - low) / denom)
-    out.extend(knobs_to_action(knobs))
+        out[i] = _copysign(_log1p(abs(x)), x) / denom if slog else (x - low) / denom
     return np.array(out, dtype=np.float32)
 
 

@@ -218,10 +218,12 @@ class Session:
 
     def advance(self) -> tuple[IntervalStats, np.ndarray]:
         """Run to the next grid point and close the interval: its stats and observation."""
-        self.pacer.start(self.engine)
-        self.pacer.advance(self.engine, self.next_grid_s())
-        stats = self.engine.collect_interval()
-        return stats, self.features.observe(stats, self.engine.knobs)
+        engine = self.engine
+        pacer = self.pacer
+        pacer.start(engine)
+        pacer.advance(engine, self.next_grid_s())
+        stats = engine.collect_interval()
+        return stats, self.features.observe(stats, engine.knobs)
 
     def apply(self, knobs: Knobs) -> float:
         """Set the knobs for the next interval; returns the engine seconds that cost."""

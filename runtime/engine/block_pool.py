@@ -144,10 +144,16 @@ class BlockPool:
         if n == 0:
             return 0.0
         ids = self._sorted_free()
-        if int(ids[-1]) - int(ids[0]) == n - 1:  # one run (the ids are distinct): calm traffic
+        # Each run but the last ends at a break; the runs are (breaks[0] + 1, the breaks'
+        # differences, n - 1 - breaks[-1]). Read that way rather than through _runs: read every
+        # interval, and half as many numpy calls on a free list of a few hundred ids.
+        breaks = (ids[1:] - ids[:-1] != 1).nonzero()[0]
+        if not len(breaks):  # one run: calm traffic
             return 0.0
-        gaps = _runs(ids)
-        return float(1.0 - int(gaps @ gaps) / (n * n))
+        inner = breaks[1:] - breaks[:-1]
+        first = int(breaks[0]) + 1
+        last = n - 1 - int(breaks[-1])
+        return float(1.0 - (int(inner @ inner) + first * first + last * last) / (n * n))
 
 
 def _runs(ids: np.ndarray) -> np.ndarray:
