@@ -28,13 +28,25 @@ HAS_TRAINING_STACK = all(importlib.util.find_spec(m) is not None
                          for m in ("torch", "gymnasium", "stable_baselines3", "onnx"))
 
 
-def imports_training_stack(path: Path) -> bool:
-    """Whether a test module imports any of :data:`TRAINING_STACK` at its top level."""
+REPO = Path(__file__).resolve().parent.parent
+
+
+def imports_training_stack(path: Path, seen: set[Path] | None = None) -> bool:
+    """Whether a module imports any of :data:`TRAINING_STACK` at its top level, directly or
+    through a module of ``scripts/`` or ``tests/`` it imports (a test of a script that needs
+    the training stack needs it too)."""
+    seen = set() if seen is None else seen
+    seen.add(path)
     for node in ast.parse(path.read_text()).body:
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                  else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
         if any(n == m or n.startswith(m + ".") for n in names for m in TRAINING_STACK):
             return True
+        for n in names:
+            local = REPO.joinpath(*n.split(".")).with_suffix(".py")
+            if (n.split(".")[0] in ("scripts", "tests") and local.is_file()
+                    and local not in seen and imports_training_stack(local, seen)):
+                return True
     return False
 
 
