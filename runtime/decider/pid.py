@@ -126,7 +126,9 @@ class PidGains:
     bad_attainment: float = 0.5
     """interval SLO attainment below which every knob goes back to static"""
     share_kp: float = 0.5
+    """proportional gain of the batch share loop (on the interactive TTFT error)"""
     share_ki: float = 0.1
+    """integral gain of the batch share loop"""
     share_attainment: float = 0.95
     """interval SLO attainment below which the batch tap closes by at least
     ``share_close_step``"""
