@@ -24,7 +24,7 @@ from runtime.knobs import (
     KNOB_SPECS,
     NUM_KNOBS,
     action_to_knobs,
-    knobs_to_action,
+    current_action,
 )
 from runtime.observation import OBS_DIM, OBS_HIGH, OBS_LOW, observation_table
 from runtime.session import DEFAULT_INTERVAL_S
@@ -144,9 +144,6 @@ class ServingEnv(gym.Env):
         self.action_space = spaces.Box(-1.0, 1.0, shape=(NUM_KNOBS,), dtype=np.float32)
         self.observation_space = spaces.Box(OBS_LOW, OBS_HIGH, dtype=np.float32)
         self.session: ServingSession | None = None
-        self._current: tuple = (None, ())
-        """(the engine's knobs, their action coordinates): converted once per change, not once
-        per step (the slew limit needs them every step)"""
         self.rate_scale = 1.0
         self.start_s = 0.0
         self._last: dict[str, Any] = {}
@@ -192,10 +189,8 @@ class ServingEnv(gym.Env):
         values = action.tolist() if hasattr(action, "tolist") else list(action)
         if len(values) != NUM_KNOBS:
             raise ValueError(f"an action has {NUM_KNOBS} components, got {len(values)}")
-        knobs_now = self.session.engine.knobs
-        if knobs_now is not self._current[0]:
-            self._current = (knobs_now, knobs_to_action(knobs_now))
-        knobs = action_to_knobs(slew_limit_one(values, self._current[1], self.max_step))
+        current = current_action(self.session.engine.knobs)
+        knobs = action_to_knobs(slew_limit_one(values, current, self.max_step))
         result = self.session.step(knobs)
         truncated = self.session.window_over
         info = self._info(result)

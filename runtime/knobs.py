@@ -233,3 +233,21 @@ def actions_to_knobs(actions: np.ndarray) -> list[Knobs]:
 def knobs_to_action(knobs: Knobs) -> tuple[float, ...]:
     """The action in [-1, 1]^NUM_KNOBS that maps to these knobs (up to rounding)."""
     return tuple(2.0 * _to_unit(s, v) - 1.0 for s, v in zip(KNOB_SPECS, knobs.as_tuple()))
+
+
+_last_action: tuple[Knobs | None, tuple[float, ...]] = (None, ())
+"""the knobs :func:`current_action` last saw and their action (read and replaced as one tuple,
+so threads may share it; it holds a reference, so an identical id means the same object)"""
+
+
+def current_action(knobs: Knobs) -> tuple[float, ...]:
+    """:func:`knobs_to_action`, remembered for the last knobs object: the engine's knobs change
+    far less often than an interval ends, and the observation and the environment's slew limit
+    both need their action every interval."""
+    global _last_action
+    last = _last_action
+    if knobs is last[0]:
+        return last[1]
+    action = knobs_to_action(knobs)
+    _last_action = (knobs, action)
+    return action

@@ -47,7 +47,7 @@ from runtime.knobs import (
     Knobs,
     KnobSpec,
     action_to_knobs,
-    knobs_to_action,
+    current_action,
 )
 
 
@@ -246,22 +246,10 @@ _OTHER_TRANSFORMS = tuple((i, kind == "slog", low, high, denom)
                           if kind != "log")
 _log1p = math.log1p
 _copysign = math.copysign
-_last_action: tuple[Knobs | None, tuple[float, ...]] = (None, ())
-"""the knobs _vector last saw and their action coordinates: the knobs change far less often than
-the vector is built (read and replaced as one tuple, so threads may share it)"""
-
-
 def _vector(values: list[float], knobs: Knobs) -> np.ndarray:
     """The vector from the measured fields' raw values (in table order) and the knobs: the one
     implementation of the transforms, shared by the named (REST) and the engine paths."""
-    global _last_action
-    last = _last_action
-    if knobs is last[0]:
-        action = last[1]
-    else:
-        action = knobs_to_action(knobs)
-        _last_action = (knobs, action)
-    out = [*values, *action]
+    out = [*values, *current_action(knobs)]
     for i, low, high, denom in _LOG_TRANSFORMS:
         x = values[i]
         out[i] = _log1p(low if x < low else high if x > high else x) / denom

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.knobs import NUM_KNOBS
+from runtime.knobs import NUM_KNOBS, Knobs, current_action, knobs_to_action
 from runtime.observation import (
     OBS_DIM,
     OBSERVATION_FIELDS,
@@ -52,3 +52,12 @@ def test_names_the_first_non_finite_field_and_row():
         vectors_from_rows(rows)
     with pytest.raises(ValueError, match=rf"have shape \[n, {OBS_DIM}\], got \[{OBS_DIM}\]"):
         vectors_from_rows(np.ones(OBS_DIM))
+
+
+def test_the_remembered_action_is_the_knobs_action_and_follows_a_new_knobs_object():
+    a = Knobs(10.0, 1024, 0.5, 0.25, 2.0)
+    b = Knobs(10.0, 1024, 0.5, 0.5, 2.0)
+    assert current_action(a) == knobs_to_action(a)
+    assert current_action(a) is current_action(a)  # remembered, not recomputed
+    assert current_action(b) == knobs_to_action(b) != knobs_to_action(a)
+    assert current_action(a) == knobs_to_action(a)
