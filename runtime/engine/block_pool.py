@@ -31,6 +31,8 @@ class BlockPool:
         """the free list as an array when fragmentation() last read it"""
         self._stable = 0
         """the free list's first ``_stable`` entries are still those of ``_array``"""
+        self._score: float | None = None
+        """fragmentation() of ``_array`` (None until read): an idle interval reads it again"""
 
     def copy(self) -> BlockPool:
         """An independent pool with the same free list (in the same order)."""
@@ -39,6 +41,7 @@ class BlockPool:
         c._free = self._free[:]
         c._array = self._array  # never written in place: shared until either pool rebuilds it
         c._stable = self._stable
+        c._score = self._score
         return c
 
     @property
@@ -125,6 +128,7 @@ class BlockPool:
             unsorted[k:] = free[k:]
             self._array = unsorted
             self._stable = n
+            self._score = None
         return np.sort(unsorted)
 
     def free_gaps(self) -> np.ndarray:
@@ -143,17 +147,22 @@ class BlockPool:
         n = len(self._free)
         if n == 0:
             return 0.0
+        if self._stable == n == len(self._array) and self._score is not None:
+            return self._score  # no block taken or freed since the last read
         ids = self._sorted_free()
         # Each run but the last ends at a break; the runs are (breaks[0] + 1, the breaks'
         # differences, n - 1 - breaks[-1]). Read that way rather than through _runs: read every
         # interval, and half as many numpy calls on a free list of a few hundred ids.
         breaks = (ids[1:] - ids[:-1] != 1).nonzero()[0]
         if not len(breaks):  # one run: calm traffic
-            return 0.0
-        inner = breaks[1:] - breaks[:-1]
-        first = int(breaks[0]) + 1
-        last = n - 1 - int(breaks[-1])
-        return float(1.0 - (int(inner @ inner) + first * first + last * last) / (n * n))
+            score = 0.0
+        else:
+            inner = breaks[1:] - breaks[:-1]
+            first = int(breaks[0]) + 1
+            last = n - 1 - int(breaks[-1])
+            score = float(1.0 - (int(inner @ inner) + first * first + last * last) / (n * n))
+        self._score = score
+        return score
 
 
 def _runs(ids: np.ndarray) -> np.ndarray:
