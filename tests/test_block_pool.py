@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from runtime.engine.block_pool import BlockPool
+from runtime.engine.block_pool import _FEW_FREE, BlockPool
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -140,7 +140,7 @@ def test_fragmentation_equals_a_plain_reference_on_thousands_of_random_pools():
     freed in any order, growth and shrinkage), the score read at random moments: it is the
     reference's, to the bit, and so are a shrink's moves and free list."""
     rng = random.Random(11)
-    reads = 0
+    reads = numpy_reads = 0
     for _ in range(3000):
         pool = BlockPool(rng.randint(1, 120))
         owned: list[list[int]] = []
@@ -170,5 +170,6 @@ def test_fragmentation_equals_a_plain_reference_on_thousands_of_random_pools():
             if rng.random() < 0.5:
                 assert pool.fragmentation() == reference_fragmentation(pool.free_ids())
                 reads += 1
+                numpy_reads += pool.num_free >= _FEW_FREE
         assert pool.fragmentation() == reference_fragmentation(pool.free_ids())
-    assert reads > 15000
+    assert reads > 15000 and numpy_reads > 3000  # both paths, Python's and numpy's
