@@ -80,7 +80,7 @@ def table_vector(values: list[float], knobs: Knobs) -> np.ndarray:
     return np.array(out + list(knobs_to_action(knobs)), dtype=np.float32)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(rows_strategy)
 def test_the_written_out_transforms_are_the_tables_bit_for_bit(rows):
     knobs = Knobs(10.0, 1024, 0.5, 0.25, 2.0)
