@@ -32,7 +32,8 @@ from tests.conftest import observation
 from tests.engine_factory import hand_profile, make_engine
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED_POLICY = ROOT / "checkpoints" / "shipped" / "policy.onnx"
+SPEC1_POLICY = ROOT / "tests" / "fixtures" / "policy-spec1.onnx"
+"""the policy shipped under spec 1 (the first build's), kept to test the adapter"""
 
 
 def test_a_ttft_target_grows_by_its_allowance_per_prompt_token():
@@ -133,10 +134,9 @@ def test_a_spec_1_policy_gets_the_vector_spec_1_built():
     full = observation(Knobs(30.0, 1024, 0.7, 0.2, 3.0))
     old = adapt_vector(full, SPEC_ADAPTERS["batchpilot-spec/2+fa1b6ac553c6"])
     np.testing.assert_array_equal(old, np.concatenate([full[:17], full[-5:-2]]))
-    if SHIPPED_POLICY.exists():
-        policy = OnnxPolicy.load(SHIPPED_POLICY)
-        assert policy.spec_version == adapter.version
-        assert policy.num_actions == 3 and np.isfinite(policy.act(vec)).all()
+    policy = OnnxPolicy.load(SPEC1_POLICY)
+    assert policy.spec_version == adapter.version
+    assert policy.num_actions == 3 and np.isfinite(policy.act(vec)).all()
 
 
 def test_the_mooncake_alias_reads_from_the_traces_folder(tmp_path, monkeypatch):

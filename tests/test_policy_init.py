@@ -55,7 +55,7 @@ def test_a_policy_of_another_spec_is_refused_naming_both_specs(tmp_path):
     from runtime.observation import SPEC_VERSION
 
     model, venv = fresh_model(tmp_path, seed=0)
-    shipped = ROOT / "checkpoints" / "shipped" / "policy.onnx"
+    spec1 = ROOT / "tests" / "fixtures" / "policy-spec1.onnx"  # the first build's shipped policy
     with pytest.raises(ValueError, match=f"was exported under batchpilot-spec/1.*this build trains "
                                          f"{SPEC_VERSION.replace('+', '[+]')}"):
-        init_from(model, venv, shipped)
+        init_from(model, venv, spec1)
