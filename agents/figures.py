@@ -11,7 +11,8 @@ measured, never filled in. Per trace, at the figure loads (multiples of best sta
   at most :data:`MEMORY_RATIO_BAR` of best static's. Whether its point lies above the static
   frontier is said too: the frontier's attainment at the controller's KV, the best of the
   frontier points holding at most that much (a running maximum), interpolated linearly
-  (:func:`frontier_attainment`).
+  (:func:`frontier_attainment`). Where that share of best static's KV is under what the KV
+  ratio's floor holds, the group says that no controller can pass (:func:`unreachable_memory`).
 - ``oracle_share_*``: for memory (at each load), capacity at 99% and batch goodput (at each
   load), where the oracle beats best static by at least :data:`ORACLE_GAIN_BAR`, the share of
   that gain a controller takes (bar :data:`ORACLE_SHARE_BAR`); under the bar there is no bar.
@@ -37,7 +38,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from agents.controllers.best_static import RATIO_KNOB
 from agents.oracle import ORACLE_NAME
+from runtime.knobs import KNOB_NAMES, KNOB_SPECS
 
 REFERENCE = "best-static"
 """the controller every figure is judged against; its capacity sets the loads past capacity and
@@ -209,6 +212,23 @@ def _memory_cell(r: dict, best: dict, front: list[tuple[float, float]]) -> dict:
                  frontier_attainment=at, frontier_margin_pt=margin, above_frontier=above)
 
 
+def unreachable_memory(best: dict) -> str | None:
+    """Why no controller can pass the memory bar against ``best`` (best static's row), if none
+    can: its KV times :data:`MEMORY_RATIO_BAR` is below what the KV ratio's floor holds (the pool
+    per unit of ratio read from its own row: mean KV over its mean ratio)."""
+    ratio = best.get(f"mean_{RATIO_KNOB}")
+    if not ratio:
+        return None
+    low = KNOB_SPECS[KNOB_NAMES.index(RATIO_KNOB)].low
+    floor = low * best["mean_kv_gib"] / ratio
+    bar = MEMORY_RATIO_BAR * best["mean_kv_gib"]
+    if bar >= floor:
+        return None
+    return (f"{REFERENCE} holds KV ratio {ratio:.3g} ({best['mean_kv_gib']:.2f} GiB): "
+            f"{MEMORY_RATIO_BAR:g}x its KV ({bar:.2f} GiB) is below the ratio's floor {low:g} "
+            f"({floor:.2f} GiB), so no controller can pass")
+
+
 def memory_figures(t: _Trace, cotenant: bool) -> list[dict]:
     if not cotenant:
         return []
@@ -224,14 +244,17 @@ def memory_figures(t: _Trace, cotenant: bool) -> list[dict]:
             cells[c] = (_missing("no run at this load") if r is None else
                         _missing(f"no {REFERENCE} run at this load") if best is None else
                         _memory_cell(r, best, front))
-        note = None if front else "no static frontier at this load (--frontier-ratios)"
+        notes = [] if front else ["no static frontier at this load (--frontier-ratios)"]
+        floor = None if best is None else unreachable_memory(best)
+        if floor:
+            notes.append(floor)
         groups.append(t.group(
             "cotenant_memory", load,
             None if best is None else _cell(best["mean_kv_gib"], _memory_text(best, best), None,
                                             "reference"),
             None if oracle is None else _cell(oracle["mean_kv_gib"], _memory_text(oracle, best),
                                               None, "upper bound"),
-            cells, note))
+            cells, "; ".join(notes) or None))
     return groups
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import agents.evaluate
-from agents.figures import frontier_attainment, issue_figures
+from agents.figures import frontier_attainment, issue_figures, unreachable_memory
 from agents.oracle import KV_CANDIDATES, KV_MEMORY_PRICE
 from agents.report import figures_table
 
@@ -245,3 +245,19 @@ def test_the_documented_cotenant_search_is_the_oracles_own_grid_and_price():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert flags in " ".join(readme.replace("\\\n", " ").split())
     assert flags in " ".join(agents.evaluate.__doc__.replace("\\\n", " ").split())
+
+
+def test_a_best_static_at_a_small_pool_leaves_a_memory_bar_no_controller_can_reach():
+    # the pool is 40 GiB per unit of ratio: at 0.9 best static holds 36 GiB, 0.7x of it is
+    # 25.2 GiB, above the floor's 0.4 x 40 = 16 GiB
+    assert unreachable_memory({"mean_kv_gib": 36.0, "mean_kv_cache_ratio": 0.9}) is None
+    # at 0.5 it holds 20 GiB: 0.7x is 14 GiB, under the floor
+    assert unreachable_memory({"mean_kv_gib": 20.0, "mean_kv_cache_ratio": 0.5}) == (
+        "best-static holds KV ratio 0.5 (20.00 GiB): 0.7x its KV (14.00 GiB) is below the "
+        "ratio's floor 0.4 (16.00 GiB), so no controller can pass")
+    rows = _rows()
+    for r in rows:
+        if r["controller"] == "best-static" and r["rate_scale"] == 0.5:
+            r["mean_kv_cache_ratio"] = 0.5
+    note = _group(_figures(rows=rows), "cotenant_memory", 0.5)["note"]
+    assert note.endswith("so no controller can pass")
