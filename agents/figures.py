@@ -288,20 +288,19 @@ def _share_group(t: _Trace, figure: str, load: dict | None, values: dict[str, fl
             cells[c] = _missing(held.get(c, "no value"))
             continue
         own = _gain(v, best, less=less)
-        share = own / og if og else None
-        text = (f"{fmt.format(v)}: " + ("-" if share is None else f"{share:.0%} of the gain")
-                + f" (own {own:+.1%})")
-        if ORACLE_NAME in held:
-            cells[c] = _cell(share, text, None, "no bar: the oracle's figure does not count "
-                             f"({held[ORACLE_NAME]})", gain=own)
-        elif not judged:
-            cells[c] = _cell(share, text, None,
-                             f"no bar: the oracle gains {og:+.1%} < {ORACLE_GAIN_BAR:.0%}",
+        if ORACLE_NAME in held or not judged:
+            # a share of a gain the oracle does not make means nothing: the own gain only
+            why = (f"the oracle's figure does not count ({held[ORACLE_NAME]})"
+                   if ORACLE_NAME in held else
+                   f"the oracle gains {og:+.1%} < {ORACLE_GAIN_BAR:.0%}")
+            cells[c] = _cell(None, f"{fmt.format(v)} (own {own:+.1%})", None, f"no bar: {why}",
                              gain=own)
-        elif c in held:
+            continue
+        share = own / og
+        text = f"{fmt.format(v)}: {share:.0%} of the gain (own {own:+.1%})"
+        if c in held:
             cells[c] = _cell(share, text, False, held[c], gain=own)
         else:
-            assert share is not None
             cells[c] = _cell(share, text, share >= ORACLE_SHARE_BAR - 1e-12, gain=own)
     return t.group(figure, load, best_cell, oracle_cell, cells)
 

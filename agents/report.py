@@ -110,7 +110,7 @@ def _judged(cell: dict | None) -> str:
     if cell is None:
         return "-"
     if cell["pass"] is None:
-        return f"({cell['verdict']})" if cell["value"] is None else (
+        return f"({cell['verdict']})" if cell["text"] == "-" else (
             f"{cell['text']} ({cell['verdict']})")
     mark, _, why = cell["verdict"].partition(": ")
     return f"{cell['text']} **{'pass' if cell['pass'] else 'FAIL'}**" + (f": {why}" if why
