@@ -2,7 +2,7 @@
 
     python train.py                      # the default preset on the embedded synthetic trace
     python train.py --preset smoke       # under a minute, for a quick check
-    python train.py --preset full --trace azure-conv,azure-code
+    python train.py --preset full        # the shipped policy's recipe (Azure traces, mixed)
     batchpilot-train --help              # the same, installed (every Config field is a flag)
 
     python train.py --trace my_trace.csv --init-from checkpoints/shipped/policy.onnx
@@ -43,6 +43,7 @@ import tyro
 
 from env.engine_choice import EngineChoice
 from env.session import RewardWeights
+from runtime.engine.admission import AdmissionPolicy
 from runtime.session import DEFAULT_INTERVAL_S
 
 
@@ -52,8 +53,8 @@ class Config(EngineChoice):
     --admission --admission-slack --cotenant``, env/engine_choice.py) come first."""
 
     preset: Literal["smoke", "default", "full"] = "default"
-    """smoke (under a minute) | default (under 15 minutes on 2 cores) | full (as long as it
-    takes); a preset sets the fields below that the command line does not"""
+    """smoke (under a minute) | default (under 15 minutes on 2 cores) | full (the shipped
+    policy's recipe: PRESETS states it); a preset sets the fields the command line does not"""
     trace: str = "synthetic"
     """training traces, comma-separated: synthetic | azure-conv | azure-code | PATH, each
     optionally with its own rate-scale range as TRACE@LOW-HIGH (e.g. azure-code@0.3-1.2);
@@ -145,6 +146,10 @@ class Config(EngineChoice):
     """the labelling oracle's candidate grid, ``key=v1,v2;...`` over the knobs and levers
     (agents/oracle.py's parse_candidates; empty: its DEFAULT_CANDIDATES, chunk sizes only: name
     batch_share and admission_slack values to imitate those knobs too)"""
+    imitation_memory_price: float = 0.0
+    """the labelling oracle's score per GiB of KV pool held on average (0: memory is free to
+    it); with --cotenant and ratio values in --imitation-candidates, the oracle lends memory
+    where that costs it no more than this in SLO-meeting requests"""
     init_from: str = ""
     """start from a trained policy: a run folder (model.zip, vecnormalize.pkl) or an exported
     policy.onnx of this spec (the shipped one: checkpoints/shipped/policy.onnx); with a --trace
@@ -177,7 +182,8 @@ class Config(EngineChoice):
     wandb_project: str = "batchpilot"
     """Weights & Biases project"""
     workers: int = 2
-    """processes for the final evaluation (or CPUs of its local Ray with --ray True)"""
+    """processes for the oracle's labelling and the final evaluation (or CPUs of its local Ray
+    with --ray True)"""
     ray: bool = False
     """run the final evaluation's jobs on Ray (they also do when RAY_ADDRESS is set)"""
 
@@ -189,9 +195,16 @@ PRESETS: dict[str, dict] = {
                   final_capacity=False, final_match_static=0.0, windows=16, dagger_rounds=1,
                   imitation_windows=2, imitation_horizon_s=2.0, imitation_epochs=30),
     "default": {},
-    "full": dict(trace="azure-conv@1.0-2.5,azure-code@0.3-1.2", total_timesteps=600_000,
-                 n_envs=4, n_steps=1024, batch_size=512, n_epochs=5, eval_every=50_000,
-                 episode_s=240.0, memory_price=0.02),
+    # the shipped policy's recipe: the Azure traces and the mixed workload, memory lent to a
+    # co-tenant and late requests shed (best static's admission), imitation of the oracle
+    # searching the KV ratio (the one lever whose headroom passes 10%: README, "What each lever
+    # is worth"), then PPO on the reward differential to best static
+    "full": dict(trace="azure-code@0.3-1.2,azure-conv@1.0-2.5,mixed@0.7-2.8", n_envs=3,
+                 cotenant=True, admission=AdmissionPolicy.SHED, admission_slack=0.5,
+                 cotenant_value=0.02, memory_price=0.0, warm_start="dagger", dagger_rounds=2,
+                 imitation_windows=6, imitation_candidates="ratio=0.5,0.6,0.7,0.8,0.9,0.95",
+                 imitation_memory_price=0.01, total_timesteps=150_000, eval_every=50_000,
+                 final_rate_scales=(0.5, 1.0, 2.0)),
 }
 
 
@@ -414,27 +427,41 @@ def imitate(cfg: Config, model, venv, trace_ranges: list[tuple[str, tuple]],
                               **env_kwargs_of(cfg))
         anchors[label] = Setting(references[t])
     icfg = ImitationConfig(horizon_s=cfg.imitation_horizon_s, epochs=cfg.imitation_epochs,
+                           memory_price=cfg.imitation_memory_price, workers=cfg.workers,
                            **({"candidates": cfg.imitation_candidates}
                               if cfg.imitation_candidates else {}))
-    return warm_start(model.policy, venv, windows, lambda label: envs[label](), anchors, icfg,
+    return warm_start(model.policy, venv, windows, envs, anchors, icfg,
                       dagger_rounds=cfg.dagger_rounds if cfg.warm_start == "dagger" else 0,
                       interval_s=cfg.interval_s, profile=Profile.load(cfg.profile),
                       config=cfg.engine_config(seed=cfg.seed), seed=cfg.seed)
 
 
 def evaluate_controller(controller, windows: list[tuple], interval_s: float, profile,
-                        config=None) -> dict[str, float]:
+                        config=None, weights: RewardWeights | None = None) -> dict[str, float]:
     """SLO attainment of one controller on each window, and their mean. ``controller`` is a
-    controller, or a function of the trace that builds one (a baseline tuned per trace)."""
-    from agents.arena import run_episode
+    controller, or a function of the trace that builds one (a baseline tuned per trace).
 
-    out = {}
+    With a co-tenant in ``config`` the result also has ``score``, what the best model is chosen
+    by: per window, attainment plus the reward's memory terms (``weights``: the co-tenant's value
+    times the share of its demand served, less the memory price times the mean KV ratio),
+    averaged; attainment alone would always choose to keep the memory."""
+    from agents.arena import run_episode
+    from runtime.knobs import KNOB_NAMES
+
+    out, scores = {}, []
+    ratio = KNOB_NAMES.index("kv_cache_ratio")
     for trace, label, s, window in windows:
         c = controller(trace) if callable(controller) and not hasattr(controller, "decide") \
             else controller
         ep = run_episode(window, c, interval_s=interval_s, profile=profile, config=config)
         out[f"{label}/x{s:g}"] = ep.summary["slo_attainment"]
+        if weights is not None and config is not None and config.cotenant is not None:
+            scores.append(ep.summary["slo_attainment"]
+                          + weights.cotenant_value * ep.summary["cotenant_served_share"]
+                          - weights.memory_price * ep.mean_knobs[ratio])
     out["mean"] = float(np.mean(list(out.values())))
+    if scores:
+        out["score"] = float(np.mean(scores))
     return out
 
 
@@ -541,11 +568,12 @@ def periodic_line(training: dict) -> str:
     history = training["periodic_evaluations"]
     if not history:
         return ""
-    best = max(history, key=lambda h: h["mean"])
+    best = training["kept_evaluation"]
     gaps = ", ".join(f"{k} {best[k]:+.4f}" for k in ("gap_to_best_static", "gap_to_oracle",
                                                      "oracle_gain_share") if k in best)
-    return (f"- best periodic evaluation (step {best['step']:,}): mean SLO attainment "
-            f"{best['mean']:.4f}; {gaps}\n")
+    score = f", score {best['score']:.4f}" if "score" in best else ""
+    return (f"- kept model's periodic evaluation (step {best['step']:,}): mean SLO attainment "
+            f"{best['mean']:.4f}{score}; {gaps}\n")
 
 
 def log_to_wandb(wandb_run, result: dict, plots: list[Path], onnx_path: Path, run_dir: Path,
@@ -643,15 +671,19 @@ def main(argv: list[str] | None = None, *,
                                                             cfg.interval_s, engine_config))
 
     names = ("static", "pid", "best-static") + (("oracle",) if cfg.eval_oracle else ())
+    weights = RewardWeights(violation_weight=cfg.violation_weight, memory_price=cfg.memory_price,
+                            oom_penalty=cfg.oom_penalty, batch_weight=cfg.batch_weight,
+                            cotenant_value=cfg.cotenant_value)
     baselines = {name: evaluate_controller(baseline(name), windows, cfg.interval_s, profile,
-                                           engine_config) for name in names}
+                                           engine_config, weights) for name in names}
     print("periodic evaluation windows: " + ", ".join(k for k in baselines["static"]
-                                                      if k != "mean"))
+                                                      if k not in ("mean", "score")))
     for name, res in baselines.items():
-        print(f"  {name:>11}: mean SLO attainment {res['mean']:.2%}")
+        print(f"  {name:>11}: mean SLO attainment {res['mean']:.2%}"
+              + (f", score {res['score']:.4f}" if "score" in res else ""))
     periodic = PeriodicEval(
         partial(evaluate_controller, windows=windows, interval_s=cfg.interval_s,
-                profile=profile, config=engine_config),
+                profile=profile, config=engine_config, weights=weights),
         venv, run_dir, baselines, cfg.eval_every, on_evaluate=on_eval,
         interval_s=cfg.interval_s)
     callbacks = [periodic]
@@ -681,8 +713,11 @@ def main(argv: list[str] | None = None, *,
     onnx_path, export = export_best(cfg, run_dir, run_name, traces, trace_ranges)
     result, plots, table = final_evaluation(cfg, traces, onnx_path, run_dir)
     training = {"seconds": train_s, "env_steps_per_s": steps_per_s,
-                "best_periodic_eval_mean_attainment": periodic.best,
-                "periodic_evaluations": periodic.history, "baselines_periodic_eval": baselines,
+                "best_periodic_eval_mean_attainment": periodic.best_entry["mean"],
+                **({"best_periodic_eval_score": periodic.best_entry["score"]}
+                   if "score" in periodic.best_entry else {}),
+                "periodic_evaluations": periodic.history, "kept_evaluation": periodic.best_entry,
+                "baselines_periodic_eval": baselines,
                 "reward": cfg.reward, "best_static_knobs": {t: k.as_dict()
                                                             for t, k in references.items()},
                 "warm_start": warm}
@@ -694,7 +729,7 @@ def main(argv: list[str] | None = None, *,
     write_card(cfg, run_dir, run_name, traces, training, export, result, table)
     log_to_wandb(wandb_run, result, plots, onnx_path, run_dir, run_name,
                  {"train_seconds": train_s, "env_steps_per_s": steps_per_s,
-                  "best_eval_mean_attainment": periodic.best})
+                  "best_eval_mean_attainment": periodic.best_entry["mean"]})
     wandb_dir = Path(wandb_run.dir).parent
     wandb.finish()
     venv.close()

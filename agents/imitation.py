@@ -51,6 +51,13 @@ class ImitationConfig:
     """Adam's learning rate for cloning"""
     holdout: float = 0.2
     """share of the labelled windows held out to measure the cloned policy's action error"""
+    memory_price: float = 0.0
+    """the labelling oracle's score per GiB of KV pool held on average
+    (:attr:`agents.oracle.OracleConfig.memory_price`): positive to imitate lending memory to a
+    co-tenant, with ``ratio`` values in the candidates"""
+    workers: int = 1
+    """processes labelling windows at once (:func:`agents.parallel.run_jobs`); each window is
+    labelled by its own oracle, so the labels do not depend on it"""
 
 
 @dataclass
@@ -108,18 +115,49 @@ def clone(policy, observations: np.ndarray, actions: np.ndarray, *, epochs: int 
 def oracle_for(cfg: ImitationConfig, anchor: Setting | None, interval_s: float) -> LookaheadOracle:
     """A labelling oracle: one search per decision interval."""
     return LookaheadOracle(OracleConfig(period_s=interval_s, horizon_s=cfg.horizon_s,
-                                        candidates=cfg.candidates),
+                                        candidates=cfg.candidates,
+                                        memory_price=cfg.memory_price),
                            anchor=anchor, interval_s=interval_s)
 
 
 def oracle_labels(windows: Sequence[tuple[Trace, float]], cfg: ImitationConfig,
                   anchor: Setting | None, *, interval_s: float, profile: Profile | None,
                   config: EngineConfig | None = None) -> Labels:
-    """Behaviour cloning's labels: the oracle drives each window and labels every state."""
+    """Behaviour cloning's labels: the oracle drives each window and labels every state
+    (``cfg.workers`` windows at a time)."""
+    from agents.parallel import run_jobs
+
+    t0 = time.perf_counter()
+    shared = _OracleJob(cfg, anchor, interval_s, profile, config)
+    jobs = [(window, shared, i, scale) for i, (window, scale) in enumerate(windows)]
+    return _pooled(run_jobs(_oracle_job, jobs, workers=cfg.workers, progress=False), t0)
+
+
+@dataclass(frozen=True)
+class _OracleJob:
+    """What every labelling job of a round shares."""
+
+    cfg: ImitationConfig
+    anchor: Setting | None
+    interval_s: float
+    profile: Profile | None
+    config: EngineConfig | None
+
+
+def _oracle_job(job: tuple[Trace, _OracleJob, int, float]) -> Labels:
+    window, o, index, scale = job
     labels = Labels()
-    for i, (window, scale) in enumerate(windows):
-        label_window(window, oracle_for(cfg, anchor, interval_s), labels, index=i, scale=scale,
-                     interval_s=interval_s, profile=profile, config=config)
+    label_window(window, oracle_for(o.cfg, o.anchor, o.interval_s), labels, index=index,
+                 scale=scale, interval_s=o.interval_s, profile=o.profile, config=o.config)
+    return labels
+
+
+def _pooled(parts: Sequence[Labels], t0: float) -> Labels:
+    """The labels of several jobs, in job order; ``wall_s`` is the time since ``t0``."""
+    labels = Labels()
+    for part in parts:
+        labels.extend(part)
+    labels.wall_s = time.perf_counter() - t0
     return labels
 
 
@@ -169,16 +207,31 @@ def as_arrays(labels: Labels) -> tuple[np.ndarray, np.ndarray]:
             np.asarray(labels.actions, dtype=np.float32))
 
 
-def _policy_act(policy, venv) -> Callable[[np.ndarray], np.ndarray]:
-    """observation -> the policy's deterministic action, normalised as in training."""
+class PolicyActor:
+    """observation -> the policy's deterministic action, normalised with the trainer's
+    statistics as they are now; picklable (a copy of the policy and of the statistics), so that
+    DAgger's windows can be driven in other processes."""
 
-    def act(obs: np.ndarray) -> np.ndarray:
-        x = venv.normalize_obs(np.asarray(obs, dtype=np.float32)[None, :])
+    def __init__(self, policy, venv) -> None:
+        import copy
+
+        self.policy = copy.deepcopy(policy).cpu().eval()
+        self.mean = np.array(venv.obs_rms.mean, dtype=np.float64)
+        self.std = np.sqrt(np.array(venv.obs_rms.var, dtype=np.float64) + venv.epsilon)
+        self.clip = float(venv.clip_obs)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        x = np.clip((np.asarray(obs, dtype=np.float64) - self.mean) / self.std, -self.clip,
+                    self.clip)
         with torch.no_grad():
-            a = torch.clamp(mean_actions(policy, x), -1.0, 1.0)
+            a = torch.clamp(mean_actions(self.policy, x[None, :].astype(np.float32)), -1.0, 1.0)
         return a.numpy().reshape(-1)
 
-    return act
+
+def _dagger_job(job: tuple) -> Labels:
+    make_env, act, cfg, anchor, index, start, scale = job
+    torch.set_num_threads(1)
+    return visit_and_label(make_env(), act, [(start, scale)], cfg, anchor, first_index=index)
 
 
 def _fit_round(policy, venv, labels: Labels, cfg: ImitationConfig, seed: int,
@@ -200,22 +253,26 @@ def _fit_round(policy, venv, labels: Labels, cfg: ImitationConfig, seed: int,
 
 
 def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, float]]],
-               make_env: Callable[[str], object], anchors: dict[str, Setting | None],
+               make_env: dict[str, Callable[[], object]], anchors: dict[str, Setting | None],
                cfg: ImitationConfig, *, dagger_rounds: int, interval_s: float,
                profile: Profile | None, config: EngineConfig | None = None, seed: int = 0,
                log=print) -> ImitationReport:
     """Behaviour cloning on the oracle's labels of ``windows``, then ``dagger_rounds`` rounds of
-    DAgger on the same windows, the labels of every round pooled.
+    DAgger on the same windows, the labels of every round pooled; every round labels
+    ``cfg.workers`` windows at a time.
 
     :param policy: the SB3 policy (its actor is trained in place)
     :param venv: the trainer's VecNormalize: its observation statistics are updated with the
         first round's observations and then used, unchanged, for every round
     :param windows: per trace label, ``(window, rate_scale, start_s, pool_scale)`` of each
         window to label (the window cut from the split, and where it came from)
-    :param make_env: a training environment of a trace (DAgger drives it)
+    :param make_env: per trace label, a picklable function that builds a training environment
+        of the trace (DAgger drives it)
     :param anchors: best static's setting per trace (the oracle's first candidate)
     :param config: the engine's SLO classes and levers (the training environments')
     """
+    from agents.parallel import run_jobs
+
     report = ImitationReport()
     t0 = time.perf_counter()
     labels = Labels()
@@ -231,21 +288,24 @@ def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, 
     row = _fit_round(policy, venv, labels, cfg, seed, np.ones(len(labels), dtype=bool))
     report.rounds.append({"round": "bc", **row, "seconds": time.perf_counter() - t0})
     log(f"behaviour cloning: {row['labels']} oracle labels, held-out action MSE "
-        f"{row['held_out_mse_before']} -> {row['held_out_mse_after']}")
+        f"{row['held_out_mse_before']} -> {row['held_out_mse_after']} "
+        f"({time.perf_counter() - t0:.0f} s)")
     for r in range(dagger_rounds):
         t0 = time.perf_counter()
         n_before = len(labels)
-        first = 0
-        act = _policy_act(policy, venv)
+        act = PolicyActor(policy, venv)
+        jobs, first = [], 0
         for trace, ws in windows.items():
-            part = visit_and_label(make_env(trace), act, [(s, x) for _, _, s, x in ws], cfg,
-                                   anchors.get(trace), first_index=first)
-            labels.extend(part)
+            jobs += [(make_env[trace], act, cfg, anchors.get(trace), first + i, s, x)
+                     for i, (_, _, s, x) in enumerate(ws)]
             first += len(ws)
+        for part in run_jobs(_dagger_job, jobs, workers=cfg.workers, progress=False):
+            labels.extend(part)
         new = np.arange(len(labels)) >= n_before
         row = _fit_round(policy, venv, labels, cfg, seed + r + 1, new)
         report.rounds.append({"round": f"dagger-{r + 1}", **row,
                               "seconds": time.perf_counter() - t0})
         log(f"DAgger round {r + 1}: {row['labels']} labels on the policy's own states, held-out "
-            f"action MSE {row['held_out_mse_before']} -> {row['held_out_mse_after']}")
+            f"action MSE {row['held_out_mse_before']} -> {row['held_out_mse_after']} "
+            f"({time.perf_counter() - t0:.0f} s)")
     return report

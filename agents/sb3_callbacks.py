@@ -86,7 +86,8 @@ def gaps(policy_mean: float, baselines: dict[str, dict[str, float]]) -> dict[str
 class PeriodicEval(BaseCallback):
     """Serving metrics of each rollout, and evaluation + best model every ``eval_every`` steps.
 
-    :param evaluate: a controller's evaluation (``{"<window>": attainment, ..., "mean": m}``)
+    :param evaluate: a controller's evaluation (``{"<window>": attainment, ..., "mean": m}``,
+        with ``"score"`` when there is a co-tenant: the best model is the best score, or mean)
     :param venv: the training VecNormalize (its statistics normalise the evaluated policy's input)
     :param run_dir: the best model and its normaliser are saved here
     :param baselines: the baselines' evaluations, logged beside the policy's
@@ -111,8 +112,11 @@ class PeriodicEval(BaseCallback):
         self.baselines = baselines
         self.eval_every = eval_every
         self.next_eval = eval_every
-        self.best = -1.0
+        self.best = -float("inf")
+        """the best evaluation's score (or mean attainment)"""
         self.history: list[dict[str, float]] = []
+        self.best_entry: dict[str, float] = {}
+        """the evaluation of the kept model"""
         self._acc: dict[str, list[float]] = {}
 
     def _on_step(self) -> bool:
@@ -134,6 +138,9 @@ class PeriodicEval(BaseCallback):
         recorder = KnobRecorder(SB3PolicyController(self.model, self.venv))
         res = self.evaluate_controller(recorder)
         extra = gaps(res["mean"], self.baselines)
+        best = self.baselines.get("best-static", {})
+        if "score" in res and "score" in best:
+            extra["score_gap_to_best_static"] = res["score"] - best["score"]
         knobs = np.asarray(recorder.knobs, dtype=np.float64).reshape(-1, len(KNOB_NAMES))
         means = {f"knobs/{k}": float(v) for k, v in zip(KNOB_NAMES, knobs.mean(axis=0))}
         self.history.append({"step": self.num_timesteps, **res, **extra, **means})
@@ -147,13 +154,18 @@ class PeriodicEval(BaseCallback):
                       columns=["t_s", *KNOB_NAMES],
                       data=[[i * self.interval_s, *row] for i, row in enumerate(first.tolist())])},
                   step=self.num_timesteps)
-        if res["mean"] > self.best:
-            self.best = res["mean"]
+        score = res.get("score", res["mean"])  # the co-tenant's score where there is one
+        if score > self.best:
+            self.best = score
             self.model.save(self.run_dir / "best_model.zip")
             self.venv.save(str(self.run_dir / "best_vecnormalize.pkl"))
-        baselines = ", ".join(f"{n} {r['mean']:.2%}" for n, r in self.baselines.items())
-        tqdm.write(f"step {self.num_timesteps:,}: eval mean SLO attainment {res['mean']:.2%} "
-                   f"(best {self.best:.2%}; {baselines})")
+            self.best_entry = self.history[-1]
+        baselines = ", ".join(f"{n} {r['mean']:.2%}" + (f" ({r['score']:.4f})" if "score" in r
+                                                         else "")
+                              for n, r in self.baselines.items())
+        mine = f"{res['mean']:.2%}" + (f", score {score:.4f}" if "score" in res else "")
+        tqdm.write(f"step {self.num_timesteps:,}: eval mean SLO attainment {mine} "
+                   f"(best {self.best:.4g}; {baselines})")
 
 
 class CurriculumCallback(BaseCallback):

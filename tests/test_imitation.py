@@ -3,8 +3,13 @@ the states the policy itself visits."""
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
+from functools import partial
+
 import numpy as np
 import pytest
+import torch
 
 from agents.imitation import (
     ImitationConfig,
@@ -86,3 +91,41 @@ def test_dagger_labels_every_state_the_policy_visits_with_the_oracles_choice():
     np.testing.assert_allclose(obs[:, -NUM_KNOBS:], np.tile(knobs_to_action(DEFAULT_KNOBS),
                                                     (len(obs), 1)), atol=1e-6)
     assert set(np.unique(actions[:, 1]).round(3)) <= {-0.5, 0.25, 0.75}
+
+
+def test_labelling_windows_in_two_processes_gives_the_labels_of_one():
+    windows = tiny_windows(2)
+    one = oracle_labels(windows, dataclasses.replace(CFG, workers=1), ANCHOR, interval_s=0.25,
+                        profile=None)
+    two = oracle_labels(windows, dataclasses.replace(CFG, workers=2), ANCHOR, interval_s=0.25,
+                        profile=None)
+    assert len(one) == len(two) > 0
+    for name in ("observations", "actions", "window", "t_s", "scores"):
+        np.testing.assert_array_equal(np.asarray(getattr(one, name)),
+                                      np.asarray(getattr(two, name)))
+
+
+def test_dagger_drives_its_windows_in_other_processes_with_the_policys_own_actions():
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    from agents.imitation import PolicyActor, _dagger_job, mean_actions
+    from agents.parallel import run_jobs
+
+    venv = VecNormalize(DummyVecEnv([partial(ServingEnv, episode_s=10.0)]))
+    labels = oracle_labels(tiny_windows(2), CFG, ANCHOR, interval_s=0.25, profile=None)
+    obs, _ = as_arrays(labels)
+    venv.obs_rms.update(obs.astype(np.float64))
+    policy = tiny_policy(seed=3)
+    actor = pickle.loads(pickle.dumps(PolicyActor(policy, venv)))
+    with torch.no_grad():  # the actor is the policy's clipped mean action on normalised input
+        expected = torch.clamp(mean_actions(policy, venv.normalize_obs(obs[:5])), -1, 1).numpy()
+    np.testing.assert_allclose(np.stack([actor(o) for o in obs[:5]]), expected, atol=1e-6)
+    pool = WindowPool.draw(ServingEnv().trace, 2, 10.0, (2.0, 2.0), seed=1)
+    jobs = [(partial(ServingEnv, episode_s=10.0), actor, CFG, ANCHOR, i, s, x)
+            for i, (s, x) in enumerate(zip(pool.starts, pool.scales))]
+    here = run_jobs(_dagger_job, jobs, workers=1, progress=False)
+    there = run_jobs(_dagger_job, jobs, workers=2, progress=False)
+    assert [p.window[0] for p in there] == [0, 1]
+    for a, b in zip(here, there):
+        np.testing.assert_array_equal(np.asarray(a.observations), np.asarray(b.observations))
+        np.testing.assert_array_equal(np.asarray(a.actions), np.asarray(b.actions))

@@ -67,8 +67,8 @@ def test_a_preset_fills_only_the_fields_the_command_line_leaves():
     from train import parse_config
 
     cfg = parse_config(["--preset", "full", "--n-envs", "2", "--init-at-default", "False"])
-    assert (cfg.preset, cfg.total_timesteps, cfg.n_envs, cfg.init_at_default) == (
-        "full", 600_000, 2, False)
+    assert (cfg.preset, cfg.total_timesteps, cfg.n_envs, cfg.init_at_default, cfg.cotenant) == (
+        "full", 150_000, 2, False, True)
     assert parse_config(["--final-rate-scales", "1", "3"]).final_rate_scales == (1.0, 3.0)
 
 
