@@ -67,7 +67,7 @@ def arena(tmp_path_factory):
     out = subprocess.run(
         [sys.executable, "-m", "agents.evaluate", "--trace", str(path), "--split", "all",
          "--controllers", ",".join(CONTROLLERS), "--rate-scales", ",".join(map(str, SCALES)),
-         "--match-static", "0.68",
+         "--match-static", "0.68", "--capacity-controllers", "static,best-static," + POLICY,
          "--tuning-scales", "1", "--past-capacity", "2,4",
          "--frontier-ratios", ",".join(map(str, RATIOS)), "--admission", "shed",
          "--admission-slack", "0.5", "--cotenant", "--workers", "1", "--json",
@@ -118,7 +118,7 @@ def test_goodput_past_capacity_is_each_goodput_shown_over_the_goodput_at_capacit
     reference = caps["best-static"]["capacity_99"]
     assert 0 < reference < 64
     entries = {e["controller"]: e for e in result["past_capacity"]}
-    assert set(entries) == set(CONTROLLERS)
+    assert set(entries) == {"static", "best-static", POLICY}  # the PID's capacity not searched
     for name, e in entries.items():
         assert e["reference_capacity_99"] == reference
         assert e["capacity_99"] == caps[name]["capacity_99"]
@@ -224,6 +224,9 @@ def test_the_issue_figures_stand_on_the_arenas_own_rows(arena):
     assert share["oracle"]["verdict"] == "not measured: no oracle run"
     assert share["controllers"][POLICY]["pass"] is None
     cap = groups["capacity_99", None]
+    assert "pid" not in caps  # --capacity-controllers left it out
+    assert cap["controllers"]["pid"]["verdict"] == (
+        "not measured: no capacity search (--capacity-controllers)")
     assert cap["controllers"][POLICY]["value"] == caps[POLICY]["capacity_99"]
     assert cap["controllers"][POLICY]["pass"] is (caps[POLICY]["capacity_99"] >= l_star)
     # the headline's load is where the static default, first come first served, attains 68%
