@@ -184,19 +184,19 @@ class ServingEnv(gym.Env):
         return result.observation, info
 
     def step(self, action):
-        if self.session is None:
+        session = self.session
+        if session is None:
             raise RuntimeError("call reset() before step()")
         values = action.tolist() if hasattr(action, "tolist") else list(action)
         if len(values) != NUM_KNOBS:
             raise ValueError(f"an action has {NUM_KNOBS} components, got {len(values)}")
-        current = current_action(self.session.engine.knobs)
-        knobs = action_to_knobs(slew_limit_one(values, current, self.max_step))
-        result = self.session.step(knobs)
-        truncated = self.session.window_over
+        current = current_action(session.engine.knobs)
+        result = session.step(action_to_knobs(slew_limit_one(values, current, self.max_step)))
+        truncated = session.window_over
         info = self._info(result)
         if truncated:
-            info["aborted_requests"] = self.session.abort()
-            info["episode_summary"] = self.session.engine.summary().as_dict()
+            info["aborted_requests"] = session.abort()
+            info["episode_summary"] = session.engine.summary().as_dict()
         return result.observation, float(result.reward), False, truncated, info
 
     def _info(self, result) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,27 +237,37 @@ _TRANSFORMS = tuple(
     (f.transform, f.low, f.high,
      math.log1p(f.high) if f.transform in ("log", "slog") else f.high - f.low)
     for f in OBSERVATION_FIELDS[:_NUM_MEASURED])
-# _vector is on every decision and every environment step: the log fields (most of them) in one
-# loop, the others in a second, each entry with its position; the same operations as the table.
-_LOG_TRANSFORMS = tuple((i, low, high, denom)
-                        for i, (kind, low, high, denom) in enumerate(_TRANSFORMS) if kind == "log")
-_OTHER_TRANSFORMS = tuple((i, kind == "slog", low, high, denom)
-                          for i, (kind, low, high, denom) in enumerate(_TRANSFORMS)
-                          if kind != "log")
-_log1p = math.log1p
-_copysign = math.copysign
-def _vector(values: list[float], knobs: Knobs) -> np.ndarray:
+
+
+def _compile_vector() -> Callable[[Sequence[float], Knobs], np.ndarray]:
     """The vector from the measured fields' raw values (in table order) and the knobs: the one
-    implementation of the transforms, shared by the named (REST) and the engine paths."""
-    out = [*values, *current_action(knobs)]
-    for i, low, high, denom in _LOG_TRANSFORMS:
-        x = values[i]
-        out[i] = _log1p(low if x < low else high if x > high else x) / denom
-    for i, slog, low, high, denom in _OTHER_TRANSFORMS:
-        x = values[i]
-        x = low if x < low else high if x > high else x
-        out[i] = _copysign(_log1p(abs(x)), x) / denom if slog else (x - low) / denom
-    return np.array(out, dtype=np.float32)
+    implementation of the transforms, shared by the named (REST) and the engine paths.
+
+    It is on every decision and every environment step, so it is written out from
+    :data:`_TRANSFORMS` at import, one expression a field (clip, then the transform, with the
+    table's constants inlined): 3.5-4 us against 5-8 for a loop over the table (the same
+    operations in the same order, so the same float32 bits)."""
+    names = [f"x{i}" for i in range(_NUM_MEASURED)]
+    lines = [f"def _vector(values, knobs):\n    {', '.join(names)}, = values"]
+    exprs = []
+    for x, (kind, low, high, denom) in zip(names, _TRANSFORMS):
+        clip = f"({low!r} if {x} < {low!r} else {high!r} if {x} > {high!r} else {x})"
+        if kind == "log":
+            exprs.append(f"_log1p{clip} / {denom!r}")
+        elif kind == "slog":
+            lines.append(f"    {x} = {clip}")
+            exprs.append(f"_copysign(_log1p(abs({x})), {x}) / {denom!r}")
+        else:
+            exprs.append(f"({clip} - {low!r}) / {denom!r}")
+    lines.append(f"    return _array(({', '.join(exprs)}, *_current_action(knobs)), _float32)")
+    namespace: dict[str, Any] = {"_log1p": math.log1p, "_copysign": math.copysign,
+                                 "_array": np.array, "_float32": np.float32,
+                                 "_current_action": current_action}
+    exec("\n".join(lines), namespace)
+    return namespace["_vector"]
+
+
+_vector = _compile_vector()
 
 
 def field_defaults(static_knobs: Knobs = DEFAULT_KNOBS) -> dict[str, float]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from runtime.engine.block_pool import BlockPool
+from runtime.engine.block_pool import _FEW_FREE, BlockPool
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -106,3 +108,68 @@ def test_shrink_moves_used_blocks_below_the_cut():
     moves = pool.shrink(4)
     assert sorted(moves) == [4, 5, 6, 7] and sorted(moves.values()) == [0, 1, 2, 3]
     assert pool.num_free == 0
+
+
+def reference_fragmentation(free_ids: list[int]) -> float:
+    """The score as DESIGN.md's formula reads, normalised by the free count: the runs of the
+    sorted free ids, in plain Python."""
+    ids = sorted(free_ids)
+    if not ids:
+        return 0.0
+    runs = [1]
+    for a, b in zip(ids, ids[1:]):
+        if b == a + 1:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+    return 1.0 - sum(r * r for r in runs) / (len(ids) * len(ids))
+
+
+def reference_shrink(free: list[int], num_blocks: int, new_blocks: int
+                     ) -> tuple[dict[int, int], list[int]]:
+    """What shrink() does, as first written: the moves and the free list after."""
+    free_set = set(free)
+    used_above = [b for b in range(new_blocks, num_blocks) if b not in free_set]
+    free_below = sorted(b for b in free if b < new_blocks)
+    remap = dict(zip(used_above, free_below))
+    return remap, [b for b in free_below if b not in set(remap.values())][::-1]
+
+
+def test_fragmentation_equals_a_plain_reference_on_thousands_of_random_pools():
+    """Pools driven as the engine drives them (allocations off the stack, requests' blocks
+    freed in any order, growth and shrinkage), the score read at random moments: it is the
+    reference's, to the bit, and so are a shrink's moves and free list."""
+    rng = random.Random(11)
+    reads = numpy_reads = 0
+    for _ in range(3000):
+        pool = BlockPool(rng.randint(1, 120))
+        owned: list[list[int]] = []
+        for _ in range(rng.randint(1, 25)):
+            op = rng.random()
+            if op < 0.4:
+                ids = pool.allocate(rng.randint(1, 12))
+                if ids is not None:
+                    owned.append(ids)
+            elif op < 0.5:
+                b = pool.allocate_one()
+                if b is not None and owned:  # a decode block joins a request's blocks
+                    owned[rng.randrange(len(owned))].append(b)
+                elif b is not None:
+                    owned.append([b])
+            elif op < 0.8 and owned:
+                pool.free(owned.pop(rng.randrange(len(owned))))
+            elif op < 0.9:
+                pool.grow(pool.num_blocks + rng.randint(0, 20))
+            else:
+                target = rng.randint(max(1, pool.num_used), pool.num_blocks)
+                expected = reference_shrink(pool.free_ids(), pool.num_blocks, target)
+                moves = pool.shrink(target)
+                assert (moves, pool.free_ids()) == expected
+                assert list(moves) == list(expected[0])  # the same order, too
+                owned = [[moves.get(b, b) for b in ids] for ids in owned]
+            if rng.random() < 0.5:
+                assert pool.fragmentation() == reference_fragmentation(pool.free_ids())
+                reads += 1
+                numpy_reads += pool.num_free >= _FEW_FREE
+        assert pool.fragmentation() == reference_fragmentation(pool.free_ids())
+    assert reads > 15000 and numpy_reads > 3000  # both paths, Python's and numpy's

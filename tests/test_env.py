@@ -190,3 +190,16 @@ def test_reward_values_batch_work_and_the_co_tenants_served_share_by_their_weigh
         "served": 3.0, "memory": -0.05 * 0.9, "cotenant": 0.5 * lendable / GIB / 1000.0,
         "oom": 0.0})
     assert step.reward == pytest.approx(sum(step.reward_terms.values()))
+
+
+def test_the_episode_digest_is_the_same_on_two_runs_and_changes_with_the_rate(capsys):
+    """scripts/episode_digest.py, the check that a speed change left the episodes bit-identical,
+    hashes the same episodes to the same line, and other episodes (another rate) to another."""
+    from scripts.episode_digest import main as digest_main
+
+    flags = ["--traces", "synthetic", "--episodes", "2", "--episode-s", "5"]
+    outs = []
+    for scale in ("2", "2", "1"):
+        assert digest_main([*flags, "--rate-scale", scale]) == 0
+        outs.append(capsys.readouterr().out.splitlines()[-1])
+    assert outs[0] == outs[1] != outs[2]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +14,7 @@ from runtime.observation import (
     OBS_DIM,
     OBSERVATION_FIELDS,
     OBSERVATION_NAMES,
+    _vector,
     vector_from_fields,
     vectors_from_rows,
 )
@@ -61,3 +64,26 @@ def test_the_remembered_action_is_the_knobs_action_and_follows_a_new_knobs_objec
     assert current_action(a) is current_action(a)  # remembered, not recomputed
     assert current_action(b) == knobs_to_action(b) != knobs_to_action(a)
     assert current_action(a) == knobs_to_action(a)
+
+
+def table_vector(values: list[float], knobs: Knobs) -> np.ndarray:
+    """The transforms as the table states them, field by field (the reference)."""
+    out = []
+    for f, x in zip(OBSERVATION_FIELDS, values):
+        x = min(max(x, f.low), f.high)
+        if f.transform == "log":
+            out.append(math.log1p(x) / math.log1p(f.high))
+        elif f.transform == "slog":
+            out.append(math.copysign(math.log1p(abs(x)), x) / math.log1p(f.high))
+        else:
+            out.append((x - f.low) / (f.high - f.low))
+    return np.array(out + list(knobs_to_action(knobs)), dtype=np.float32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows_strategy)
+def test_the_written_out_transforms_are_the_tables_bit_for_bit(rows):
+    knobs = Knobs(10.0, 1024, 0.5, 0.25, 2.0)
+    for r in rows:
+        values = list(r[:OBS_DIM - NUM_KNOBS])
+        assert _vector(values, knobs).tobytes() == table_vector(values, knobs).tobytes()

@@ -179,8 +179,9 @@ class Engine(QueuesMixin, ObservingMixin):
                 self._preempt(self.running.pop())
             moves = self.pool.shrink(new_blocks)
             if moves:
-                for r in self.running:
-                    r.block_ids = [moves.get(b, b) for b in r.block_ids]
+                for r in self.running:  # only a request holding a block above the cut has moves
+                    if r.block_ids and max(r.block_ids) >= new_blocks:
+                        r.block_ids = [moves.get(b, b) for b in r.block_ids]
         cost = self.executor.resize_kv(new_blocks, moves)
         self.now += cost
         self._interval.resize_s += cost

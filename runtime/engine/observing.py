@@ -32,6 +32,7 @@ class ObservingMixin(DeadlinesMixin):
         iv.kv_fragmentation = self.pool.fragmentation()
         iv.kv_blocks = self.pool.num_blocks
         iv.oldest_wait_ratio = self._oldest_wait_ratio()
+        iv.close_percentiles()
         self._interval = IntervalStats(start_s=self.now)
         return iv
 
@@ -76,8 +77,9 @@ class ObservingMixin(DeadlinesMixin):
 
     def summary(self) -> RunSummary:
         self._account_memory()
+        finished = Status.FINISHED  # an enum member read once, not once a request
         return self._ended.summary(
-            (r for r in self.requests if r.status < Status.FINISHED), self.now,
+            (r for r in self.requests if r.status < finished), self.now,
             self.num_preemptions, self.num_ooms, self.num_iterations, self.kv_gib_s,
             (self.cotenant_served_gib_s, self.cotenant_demand_gib_s))
 
