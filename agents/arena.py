@@ -20,10 +20,15 @@ burst recovery time. The oracle's rows are flagged ``upper_bound`` (it knows the
   (:mod:`agents.controllers.best_static`: the knob grid, then the admission lever) with the
   ratio held fixed, replayed at each rate scale: (mean KV GiB, interactive attainment), the
   line a controller's point is judged against in the Pareto plot (:func:`agents.report.plot`).
+- The issue's figures (:mod:`agents.figures`): every controller beside best static and the
+  oracle, judged against the issue's bars, computed from the rows above and from rows at the
+  figure loads (:data:`FIGURE_LOADS`, multiples of best static's capacity at 99%), which run
+  only where no row at that load exists; the frontier is replayed there too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -33,7 +38,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agents.controllers.best_static import GRID, RATIO_KNOB, BestStatic, BestStaticController
-from agents.oracle import ORACLE_NAME
+from agents.figures import REFERENCE, TARGET, issue_figures
+from agents.oracle import ORACLE_NAME, OracleConfig
 from agents.parallel import JobRunner
 from agents.registry import EvalSpec, best_static, make_controller
 from env.replay import replay
@@ -61,8 +67,9 @@ whose picks its own search already holds, so the default frontier adds replays, 
 PAST_CAPACITY_MULTIPLES: tuple[float, ...] = (2.0, 4.0)
 """loads past capacity, as multiples of best static's capacity at 99% attainment (the issue's
 "no collapse" loads)"""
-REFERENCE = "best-static"
-"""the controller whose capacity sets the loads past capacity"""
+FIGURE_LOADS: tuple[float, ...] = (1.0, 0.5)
+"""the issue figures' loads (co-tenant memory, batch goodput), as multiples of best static's
+capacity at 99% attainment"""
 
 
 def is_upper_bound(controller: str) -> bool:
@@ -172,7 +179,8 @@ def _row_job(args: tuple) -> dict:
     profile = Profile.load(spec.profile_path)
     controller = make_controller(name, spec)
     t0 = time.perf_counter()
-    ep = run_episode(_window(spec, scale), controller, interval_s=spec.interval_s,
+    window = _window(spec, scale)
+    ep = run_episode(window, controller, interval_s=spec.interval_s,
                      profile=profile, config=spec.config, record=True)
     s = ep.summary
     row = {"controller": name, "upper_bound": is_upper_bound(name),
@@ -184,7 +192,8 @@ def _row_job(args: tuple) -> dict:
            "batch_backlog_tokens_mean": ep.mean_batch_backlog_tokens,
            "shed": s["rejected_by_reason"].get(RejectReason.SHED.value, 0),
            "expired": s["rejected_by_reason"].get(RejectReason.EXPIRED.value, 0),
-           "late": s["late"],
+           "late": s["late"], "sim_s": s["sim_seconds"],
+           "arrival_span_s": float(window.arrival_s[-1]) if len(window) else 0.0,
            **{f"mean_{k}": v for k, v in zip(KNOB_NAMES, ep.mean_knobs)},
            "decision_sources": ep.sources, "wall_s": time.perf_counter() - t0}
     onsets = burst_onsets(ep.timeline["arrival_rate"], spec.interval_s)
@@ -246,7 +255,7 @@ def _capacity_job(args: tuple) -> dict:
         goodput[scale] = s["goodput_rps"]
         return s["slo_attainment"]
 
-    cap99 = find_capacity(measure, 0.99, attainment)
+    cap99 = find_capacity(measure, TARGET, attainment)
     cap90 = find_capacity(measure, 0.90, attainment)
     return {"controller": name, "upper_bound": is_upper_bound(name),
             "trace": trace_label(spec.trace), "capacity_99": cap99, "capacity_90": cap90,
@@ -301,6 +310,18 @@ def deployment(config: EngineConfig) -> dict:
             "cotenant": config.cotenant.source if config.cotenant is not None else None}
 
 
+def static_default(config: EngineConfig) -> EngineConfig:
+    """``config`` as the static default runs: first come first served, the default batch share
+    and admission slack (classes ignored); the SLO classes, limits and co-tenant kept."""
+    return dataclasses.replace(config, admission=EngineConfig.admission,
+                               batch_share=EngineConfig.batch_share,
+                               admission_slack=EngineConfig.admission_slack)
+
+
+def _interactive_at(spec: EvalSpec, controller: Controller, scale: float) -> float:
+    return summary_at(spec, controller, scale)["interactive_attainment"]
+
+
 def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence[float], *,
              part: str = "eval", interval_s: float = DEFAULT_INTERVAL_S,
              profile_path: str | None = None, config: EngineConfig | None = None,
@@ -308,29 +329,44 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
              progress: bool = True, match_static: float | None = None,
              tuning_scales: tuple[float, ...] | None = None,
              past_capacity: Sequence[float] = (),
-             frontier_ratios: Sequence[float] = ()) -> dict:
+             frontier_ratios: Sequence[float] = (), figure_loads: Sequence[float] = (),
+             figure_rate_scales: Sequence[float] = (),
+             oracle: OracleConfig | None = None,
+             capacity_controllers: Sequence[str] | None = None) -> dict:
     """Run the arena; returns ``{"rows", "capacity", "static_match", "past_capacity",
-    "frontier", "deployment", ...}``.
+    "frontier", "figures", "deployment", ...}``.
 
     Rows, capacity bisections and the frontier's replays run in parallel through
     :class:`agents.parallel.JobRunner`: ``workers`` local processes, or Ray with ``ray=True``
     (``None``: when ``RAY_ADDRESS`` is set).
 
-    :param match_static: also find, per trace, the rate scale at which the static default
-        attains this share (bisection to 2%), and run every controller there; those rows carry
-        ``"matched_static": True``
+    :param match_static: also find, per trace, the rate scale at which the static default (its
+        knobs under first come first served, classes ignored: :func:`static_default`) attains
+        this share of interactive requests (bisection to 2%), and run every controller there;
+        those rows carry ``"matched_static": True``
     :param past_capacity: multiples of best static's capacity at 99% to run every controller at
         (rows with ``"past_capacity_multiple"``); needs ``capacity`` and best static among
         ``controllers``, and is skipped otherwise (the command's default:
         :data:`PAST_CAPACITY_MULTIPLES`; empty here, so training's final evaluation and the
         benchmarks run what they ran)
     :param frontier_ratios: the KV ratios of the static frontier, best static's setting at each
-        (:func:`agents.registry.best_static`) measured at each of ``scales`` (the command's
-        default: :data:`FRONTIER_RATIOS`; empty here: none)
+        (:func:`agents.registry.best_static`) measured at each of ``scales`` and of the figure
+        loads (the command's default: :data:`FRONTIER_RATIOS`; empty here: none)
+    :param figure_loads: the issue figures' loads (:mod:`agents.figures`), multiples of best
+        static's capacity at 99% (needs it, as ``past_capacity`` does; the command's default:
+        :data:`FIGURE_LOADS`; empty here); every controller runs there unless a row at that
+        rate scale exists already (rows with ``"figure_load_multiple"``)
+    :param figure_rate_scales: the figure loads as rate scales instead (the same on every
+        trace)
+    :param oracle: how the oracle searches (None: :class:`agents.oracle.OracleConfig`'s
+        defaults)
+    :param capacity_controllers: the controllers whose capacity is searched (None: all of
+        them); the others' capacity figures are not measured
     """
     config = config or EngineConfig()
-    specs = {t: EvalSpec(t, part, profile_path, interval_s, config, tuning_scales=tuning_scales)
-             for t in traces}
+    oracle = oracle or OracleConfig()
+    specs = {t: EvalSpec(t, part, profile_path, interval_s, config, tuning_scales=tuning_scales,
+                         oracle=oracle) for t in traces}
     # resolve names and fill the best-static caches before fanning out (a search has its pool)
     picks: dict[str, dict[float, BestStatic]] = {}
     for t in traces:
@@ -344,39 +380,68 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
     matched: list[dict] = []
     cap: list[dict] = []
     frontier: list[dict] = []
+    loads: list[dict] = []
     with JobRunner(workers, ray=ray, progress=progress) as pool:
         rows.extend(pool.map(_row_job, jobs, desc="runs"))
         if match_static is not None:
+            default = static_default(config)
             for t in traces:
-                known = {s: a for s, (a, _) in _known(rows, trace_label(t), "static").items()}
-                static = make_controller("static", specs[t])
-                scale = find_capacity(functools.partial(attainment_at, specs[t], static),
+                mspec = dataclasses.replace(specs[t], config=default)
+                own = deployment(default) == deployment(config)  # the static rows ran as it
+                known = {r["rate_scale"]: r["interactive_attainment"] for r in rows
+                         if own and r["trace"] == trace_label(t) and r["controller"] == "static"}
+                static = make_controller("static", mspec)
+                scale = find_capacity(functools.partial(_interactive_at, mspec, static),
                                       match_static, known)
                 matched.append({"trace": trace_label(t), "target": match_static,
-                                "rate_scale": scale, "static_attainment": known.get(scale)})
+                                "attainment": "interactive", "static_deployment":
+                                deployment(default), "rate_scale": scale,
+                                "static_attainment": known.get(scale)})
             mjobs = [(specs[t], c, m["rate_scale"], False) for t, m in zip(traces, matched)
                      for c in controllers]
             for row in pool.map(_row_job, mjobs, desc="runs at the static match"):
                 row["matched_static"] = True
                 rows.append(row)
         if capacity:
+            searched = controllers if capacity_controllers is None else [
+                c for c in controllers if c in capacity_controllers]
             cjobs = [(specs[t], c, _known(rows, trace_label(t), c))
-                     for t in traces for c in controllers]
+                     for t in traces for c in searched]
             # the capacity jobs take longest for the best controllers: start them first
             cjobs.sort(key=lambda j: -sum(a for a, _ in j[2].values()))
             cap.extend(pool.map(_capacity_job, cjobs, desc="capacities"))
-        if past_capacity and capacity and REFERENCE in controllers:
-            ref = {c["trace"]: c["capacity_99"] for c in cap if c["controller"] == REFERENCE}
+        ref = {c["trace"]: c["capacity_99"] for c in cap if c["controller"] == REFERENCE}
+        if past_capacity and ref:
             past = [(m, (specs[t], c, m * ref[trace_label(t)], False)) for t in traces
-                    if ref[trace_label(t)] > 0 for m in past_capacity for c in controllers]
+                    if ref.get(trace_label(t), 0) > 0 for m in past_capacity for c in controllers]
             done = pool.map(_row_job, [job for _, job in past], desc="runs past capacity")
             for (m, _), row in zip(past, done):
                 row["past_capacity_multiple"] = m
                 rows.append(row)
+        if figure_rate_scales:
+            loads = [{"trace": trace_label(t), "rate_scale": s, "multiple": None}
+                     for t in traces for s in figure_rate_scales]
+        elif figure_loads:
+            loads = [{"trace": trace_label(t), "rate_scale": m * ref[trace_label(t)],
+                      "multiple": m} for t in traces if ref.get(trace_label(t), 0) > 0
+                     for m in figure_loads]
+        have = {(r["trace"], r["controller"], r["rate_scale"]) for r in rows}
+        fl = [(ld, (specs[t], c, ld["rate_scale"], False)) for t in traces for ld in loads
+              if ld["trace"] == trace_label(t) for c in controllers
+              if (ld["trace"], c, ld["rate_scale"]) not in have]
+        for (ld, _), row in zip(fl, pool.map(_row_job, [job for _, job in fl],
+                                             desc="runs at the figure loads")):
+            row["figure_load_multiple"] = ld["multiple"]
+            rows.append(row)
         fjobs = [(specs[t], r, best, s) for t in traces for r, best in picks[t].items()
-                 for s in scales]
+                 for s in dict.fromkeys([*scales, *(ld["rate_scale"] for ld in loads
+                                                    if ld["trace"] == trace_label(t))])]
         frontier.extend(pool.map(_frontier_job, fjobs, desc="static frontier"))
+    figures = issue_figures(rows, cap, matched, frontier, loads,
+                            cotenant=config.cotenant is not None)
     return {"rows": rows, "capacity": cap, "static_match": matched,
             "past_capacity": past_capacity_table(rows, cap), "frontier": frontier,
-            "deployment": deployment(config), "split": part, "interval_s": interval_s,
+            "figures": figures, "deployment": deployment(config),
+            "oracle": dataclasses.asdict(oracle) if ORACLE_NAME in controllers else None,
+            "split": part, "interval_s": interval_s,
             "profile": Profile.load(profile_path).name, "wall_s": time.perf_counter() - t0}

@@ -2,14 +2,19 @@
 
     python -m agents.evaluate --trace azure-conv,azure-code --split eval \\
         --controllers static,best-static,pid,aimd,heuristic,oracle --rate-scales 1,2,4,8 \\
-        [--admission shed --admission-slack 0.5] [--cotenant]
+        [--admission shed --admission-slack 0.5] [--cotenant] [--match-static 0.68] \\
+        [--oracle.candidates ratio=0.5,0.6,0.7,0.8,0.9,0.95 --oracle.memory-price 0.01]
 
 Prints a markdown table (per-class figures, shed and late counts, memory and the co-tenant's
 share served), each controller's capacity, its goodput past capacity and the static frontier
-(:mod:`agents.arena`), and writes the results as JSON and the plots, the Pareto plot of
-attainment against KV memory among them, to ``--out`` (:mod:`agents.report`). Controllers are
-named as the registry names them (:mod:`agents.registry`); the oracle is an upper bound and is
-labelled so everywhere.
+(:mod:`agents.arena`), then the issue's figures, every controller beside best static and the
+oracle with pass or fail against the issue's bar (:mod:`agents.figures`; run at
+``--figure-loads``), and writes the results as JSON (the figures under ``"figures"``) and the
+plots, the Pareto plot of attainment against KV memory among them, to ``--out``
+(:mod:`agents.report`). Controllers are named as the registry names them
+(:mod:`agents.registry`); the oracle is an upper bound and is labelled so everywhere; how it
+searches is ``--oracle.*`` (:class:`agents.oracle.OracleConfig`: the bracketed example searches
+the KV ratio at a memory price, as the co-tenant figures need).
 """
 
 from __future__ import annotations
@@ -17,16 +22,23 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import tyro
 
-from agents.arena import FRONTIER_RATIOS, PAST_CAPACITY_MULTIPLES, RATIO_KNOB, REFERENCE, evaluate
-from agents.oracle import ORACLE_NAME
+from agents.arena import (
+    FIGURE_LOADS,
+    FRONTIER_RATIOS,
+    PAST_CAPACITY_MULTIPLES,
+    RATIO_KNOB,
+    evaluate,
+)
+from agents.figures import REFERENCE
+from agents.oracle import ORACLE_NAME, OracleConfig
 from agents.registry import BASELINES, EvalSpec, make_controller
-from agents.report import markdown_table, plot, write_json
+from agents.report import figures_table, markdown_table, plot, write_json
 from env.engine_choice import EngineChoice
 from env.traces.resolve import resolve_trace
 from runtime.engine.roofline import ProfileChoice
@@ -52,6 +64,10 @@ class Config(ProfileChoice, EngineChoice):
     the trace's own rate; a trace far past one accelerator's capacity needs lower ones)"""
     capacity: bool = True
     """find each controller's capacity by bisection (--no-capacity skips it)"""
+    capacity_controllers: str | None = None
+    """the controllers whose capacity is searched, comma-separated (default: every one; the
+    oracle's bisection costs most of an oracle run, and best static's sets the loads past
+    capacity and the figure loads)"""
     past_capacity: str = ",".join(f"{m:g}" for m in PAST_CAPACITY_MULTIPLES)
     """loads past capacity, comma-separated multiples of best static's capacity at 99%: every
     controller runs there and its goodput is reported as a share of its goodput at its own
@@ -61,8 +77,18 @@ class Config(ProfileChoice, EngineChoice):
     fixed, replayed at every rate scale (default: its grid's ratios, read from its own search;
     another ratio is searched, then cached; "" skips)"""
     match_static: float | None = None
-    """also run every controller at the load where the static default attains this share
-    (e.g. 0.68)"""
+    """also run every controller at the load where the static default (first come first
+    served, classes ignored) attains this share of interactive requests (e.g. 0.68: the issue's
+    headline)"""
+    figure_loads: str = ",".join(f"{m:g}" for m in FIGURE_LOADS)
+    """the issue figures' loads (co-tenant memory, batch goodput, their shares of the oracle's
+    gain), comma-separated multiples of best static's capacity at 99% (needs best-static among
+    --controllers and the capacity search; "" skips)"""
+    figure_rate_scales: str = ""
+    """the issue figures' loads as rate scales instead, comma-separated (every trace)"""
+    oracle: OracleConfig = field(default_factory=OracleConfig)
+    """how the oracle searches (the co-tenant search of the KV ratio: the candidates
+    agents.oracle.KV_CANDIDATES at the price KV_MEMORY_PRICE; README, "The issue's figures")"""
     workers: int = 2
     """worker processes (or the CPUs of a local Ray with --ray)"""
     ray: bool = False
@@ -72,6 +98,9 @@ class Config(ProfileChoice, EngineChoice):
     """folder for the plots and results.json"""
     json: bool = False
     """print one JSON object instead of the table"""
+    report: Path | None = None
+    """print the tables of a results.json an earlier run wrote (the figures among them) and run
+    nothing"""
 
     def scales(self) -> list[float]:
         return self.numbers(self.rate_scales, "--rate-scales", empty=False)
@@ -96,6 +125,14 @@ class Config(ProfileChoice, EngineChoice):
 def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(Config, args=argv, prog="python -m agents.evaluate",
                    description=__doc__.splitlines()[0])
+    if cfg.report is not None:
+        try:
+            result = json.loads(cfg.report.read_text())
+        except (OSError, ValueError) as e:
+            print(f"evaluate: --report {cfg.report}: {e}", file=sys.stderr)
+            return 2
+        print(tables(result))
+        return 0
     try:
         scales = cfg.scales()
         controllers = cfg.names(cfg.controllers, "--controllers")
@@ -107,14 +144,21 @@ def main(argv: list[str] | None = None) -> int:
         tuning = (tuple(float(x) for x in cfg.tuning_scales.split(",") if x.strip())
                   if cfg.tuning_scales else None)
         past = cfg.numbers(cfg.past_capacity, "--past-capacity")
+        searched = (None if cfg.capacity_controllers is None else
+                    cfg.names(cfg.capacity_controllers, "--capacity-controllers"))
+        for c in searched or ():
+            if c not in controllers:
+                raise ValueError(f"--capacity-controllers: {c} is not among --controllers")
         ratios = cfg.numbers(cfg.frontier_ratios, "--frontier-ratios")
+        figure_loads = cfg.numbers(cfg.figure_loads, "--figure-loads")
+        figure_scales = cfg.numbers(cfg.figure_rate_scales, "--figure-rate-scales")
         ratio = KNOB_SPECS[KNOB_NAMES.index(RATIO_KNOB)]
         for r in ratios:
             if not ratio.low <= r <= ratio.high:
                 raise ValueError(f"--frontier-ratios: {r:g} is outside the KV ratio's range "
                                  f"[{ratio.low:g}, {ratio.high:g}]")
         spec = EvalSpec(traces[0], cfg.split, profile, cfg.interval_s, config,
-                        tuning_scales=tuning)
+                        tuning_scales=tuning, oracle=cfg.oracle)
         for t in traces:
             resolve_trace(t)  # fail fast on a missing or unreadable trace
         for c in controllers:
@@ -127,19 +171,26 @@ def main(argv: list[str] | None = None) -> int:
                       profile_path=profile, config=config, capacity=cfg.capacity,
                       workers=cfg.workers, ray=cfg.ray or None, progress=not cfg.json,
                       match_static=cfg.match_static, tuning_scales=tuning,
-                      past_capacity=past, frontier_ratios=ratios)
+                      past_capacity=past, frontier_ratios=ratios, figure_loads=figure_loads,
+                      figure_rate_scales=figure_scales, oracle=cfg.oracle,
+                      capacity_controllers=searched)
     plots = plot(result["rows"], cfg.out, result["frontier"])
     path = write_json(result, cfg.out / "results.json")
     if cfg.json:
         print(json.dumps(result))
         return 0
-    print(markdown_table(result["rows"], result["capacity"], result["past_capacity"],
-                         result["frontier"]))
+    print(tables(result))
     if past and not result["past_capacity"]:
         print(f"\n(no goodput past capacity: it needs {REFERENCE} among --controllers and the "
               "capacity search)")
     print(f"\nplots: {', '.join(str(p) for p in plots)}\nresults: {path}")
     return 0
+
+
+def tables(result: dict) -> str:
+    """The arena's tables, then the issue's figures, as markdown."""
+    return (markdown_table(result["rows"], result["capacity"], result["past_capacity"],
+                           result["frontier"]) + "\n\n" + figures_table(result["figures"]))
 
 
 if __name__ == "__main__":

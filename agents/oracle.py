@@ -166,6 +166,17 @@ DEFAULT_CANDIDATES = "window=5;chunk=256,512,1024,2048,4096,8192,16384;ratio=0.9
 5 ms window and a 0.95 ratio (best static's window and ratio on both Azure traces)"""
 
 
+KV_RATIOS: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+"""the KV ratios searched when a co-tenant uses the memory the pool leaves"""
+KV_CANDIDATES = "ratio=" + ",".join(f"{r:g}" for r in KV_RATIOS)
+"""the co-tenant search: every ratio of :data:`KV_RATIOS`, the other knobs the anchor's (best
+static's, in the arena); run it with :data:`KV_MEMORY_PRICE`"""
+KV_MEMORY_PRICE = 0.01
+"""the memory price of the co-tenant search (``OracleConfig.memory_price``): 100 GiB more KV
+pool held on average over a horizon scores as one interactive request less
+(scripts/oracle_headroom.py's kv lever was measured with it)"""
+
+
 def parse_candidates(spec: str, base: Knobs = DEFAULT_KNOBS) -> list[Setting]:
     """The settings of a grid ``key=v1,v2,...;key=...``: every combination, in order.
 

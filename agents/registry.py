@@ -14,7 +14,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agents.oracle import ORACLE_NAME
+from agents.oracle import ORACLE_NAME, OracleConfig
 from runtime.decider.controller import Controller, StaticController
 from runtime.decider.pid import PidController
 from runtime.engine.engine import EngineConfig
@@ -51,6 +51,8 @@ class EvalSpec:
     tuning_scales: tuple[float, ...] | None = None
     """the rate scales best-static is tuned at (None: its TUNING_SCALES, around the trace's
     own rate)"""
+    oracle: OracleConfig = field(default_factory=OracleConfig)
+    """how the oracle searches (its candidates, period, horizon and prices)"""
 
 
 def best_static(spec: EvalSpec, kv_cache_ratio: float | None = None) -> BestStatic:
@@ -81,7 +83,8 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
         best = best_static(spec)
         levers = (() if best.admission == spec.config.admission
                   else (("admission", LEVERS["admission"].parse(best.admission)),))
-        return LookaheadOracle(anchor=Setting(best.knobs, levers), interval_s=spec.interval_s)
+        return LookaheadOracle(spec.oracle, anchor=Setting(best.knobs, levers),
+                               interval_s=spec.interval_s)
     if name == "pid":
         return PidController(static=static)
     if name == "aimd":

@@ -1,5 +1,6 @@
-"""The arena's report: markdown tables, the JSON results and the plots (attainment against load,
-one window over time, and the Pareto plot of interactive attainment against KV memory)."""
+"""The arena's report: markdown tables (the issue's figures among them), the JSON results and the
+plots (attainment against load, one window over time, and the Pareto plot of interactive
+attainment against KV memory)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from agents.arena import RATIO_KNOB, REFERENCE, is_upper_bound
+from agents.arena import RATIO_KNOB, is_upper_bound
+from agents.figures import REFERENCE
 from agents.oracle import ORACLE_LABEL, ORACLE_NAME
 from runtime.knobs import KNOB_NAMES, KNOB_SPECS
 
@@ -43,6 +45,8 @@ def _rate(r: dict) -> str:
         rate += " (static match)"
     if "past_capacity_multiple" in r:
         rate += f" ({r['past_capacity_multiple']:g}x {REFERENCE} cap.)"
+    if r.get("figure_load_multiple") is not None:
+        rate += f" ({r['figure_load_multiple']:g}x {REFERENCE} cap., figures)"
     return rate
 
 
@@ -102,6 +106,47 @@ def markdown_table(rows: Sequence[dict], capacity: Sequence[dict],
     return "\n".join(lines)
 
 
+def _judged(cell: dict | None) -> str:
+    if cell is None:
+        return "-"
+    if cell["pass"] is None:
+        return f"({cell['verdict']})" if cell["text"] == "-" else (
+            f"{cell['text']} ({cell['verdict']})")
+    mark, _, why = cell["verdict"].partition(": ")
+    return f"{cell['text']} **{'pass' if cell['pass'] else 'FAIL'}**" + (f": {why}" if why
+                                                                         else "")
+
+
+def _beside(cell: dict | None) -> str:
+    if cell is None:
+        return "-"
+    return cell["text"] if cell["value"] is not None else f"({cell['verdict']})"
+
+
+def figures_table(figures: dict) -> str:
+    """The issue's figures (:mod:`agents.figures`) as markdown: one row per trace, figure and
+    load; best static and the oracle (an upper bound) beside every controller, whose cell says
+    pass or FAIL against the bar (or why it is not judged); then the notes, what was not
+    measured, and each controller's count of passes."""
+    table = figures["table"]
+    names = list(dict.fromkeys(c for g in table for c in g["controllers"]))
+    head = ["trace", "figure", "load", "bar", "best static", ORACLE_LABEL,
+            *(short_name(c) for c in names)]
+    lines = ["Issue figures: every controller beside best static and the oracle (an upper "
+             "bound), judged against the issue's bar", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in table:
+        cells = " | ".join(_judged(g["controllers"].get(c)) for c in names)
+        lines.append(f"| {g['trace']} | {g['title']} | {g['load'] or '-'} | {g['bar']} | "
+                     f"{_beside(g['best_static'])} | {_beside(g['oracle'])} | {cells} |")
+    notes = [f"- {g['trace']}, {g['title']}{', ' + g['load'] if g['load'] else ''}: "
+             f"{g['note']}" for g in table if g["note"]]
+    notes += [f"- not measured: {why}" for why in figures["not_measured"]]
+    notes += [f"- {short_name(c)}: {s['pass']} pass, {s['fail']} fail, {s['not judged']} not "
+              "judged" for c, s in figures["summary"].items()]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
 def write_json(result: dict, path: Path) -> Path:
     """The arena's result without the per-interval timelines (they go to the plots); every
     entry that names a controller gets its table ``label`` ("oracle (upper bound)")."""
@@ -157,12 +202,12 @@ def plot(rows: Sequence[dict], out_dir: Path, frontier: Sequence[dict] = ()) -> 
         paths.append(_pareto(plt, rows, [f for f in frontier if f["trace"] == trace], trace,
                              out_dir))
 
-        # one window over time: the median rate scale of the run
-        scales = sorted({r["rate_scale"] for r in sub})
+        # one window over time: the median rate scale of the rows that kept their timeline
+        scales = sorted({r["rate_scale"] for r in sub if "timeline" in r})
+        if not scales:
+            continue
         scale = scales[len(scales) // 2]
         ts = [r for r in sub if r["rate_scale"] == scale and "timeline" in r]
-        if not ts:
-            continue
         keys = [(k.name, f"{k.name} ({k.unit})", k.scale == "log") for k in KNOB_SPECS]
         keys += [("waiting", "waiting requests", False),
                  ("slo_attainment", "interval SLO attainment", False)]

@@ -40,7 +40,8 @@ the batch work an arm leaves for the end (at 2x on mixed that alone made a 13% "
 Capacities are printed with the oracle's gain and, in brackets, the least and the most it can
 be given where each bisection stopped.
 
-A lever is worth learning iff the oracle beats best static by at least :data:`BAR` (10%) on some
+A lever is worth learning iff the oracle beats best static by at least
+:data:`agents.figures.ORACLE_GAIN_BAR` (10%) on some
 figure of some trace: capacity or batch goodput or goodput share 10% higher, or 10% less memory.
 Each finished (lever, trace) cell is written to ``--out`` at once, and a rerun skips the cells
 already there, so partial results survive and a long run can be resumed.
@@ -60,7 +61,18 @@ import numpy as np
 
 from agents.arena import _window, find_capacity, run_episode
 from agents.controllers.best_static import best_static_knobs
-from agents.oracle import ORACLE_LABEL, LookaheadOracle, OracleConfig, Setting, parse_candidates
+from agents.figures import ORACLE_GAIN_BAR, TARGET, per_arrival_second
+from agents.oracle import (
+    DEFAULT_CANDIDATES,
+    KV_CANDIDATES,
+    KV_MEMORY_PRICE,
+    KV_RATIOS,
+    ORACLE_LABEL,
+    LookaheadOracle,
+    OracleConfig,
+    Setting,
+    parse_candidates,
+)
 from agents.registry import EvalSpec
 from env.traces.cotenant import cotenant_demand
 from env.traces.resolve import trace_label
@@ -69,10 +81,6 @@ from runtime.engine.engine import Engine, EngineConfig
 from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, Knobs
 
-BAR = 0.10
-"""the oracle's least gain over best static on some figure for a lever to be worth learning"""
-TARGET = 0.99
-"""interactive SLO attainment that defines capacity"""
 ARMS = ("static", "best-static", "oracle")
 AZURE = ("azure-code", "azure-conv", "mixed")
 LEVERS: dict[str, tuple[str, ...]] = {"knobs": AZURE, "admission": AZURE,
@@ -83,8 +91,6 @@ FIGURES: dict[str, tuple[str, ...]] = {"knobs": ("capacity", "past"),
                                        "batch_share": ("capacity", "batch", "past"),
                                        "kv": ("memory",)}
 """what each lever is judged on (see the module docstring)"""
-KNOB_GRID = "chunk=256,512,1024,2048,4096,8192,16384;window=5;ratio=0.95"
-"""the original knobs' oracle grid: the issue's first cut"""
 ADMISSION_STATIC = (("fcfs", 1.0), ("shed", 0.5), ("shed", 1.0), ("late_to_back", 0.5),
                     ("late_to_back", 1.0))
 """(policy, slack) best static chooses among, on the training split"""
@@ -92,11 +98,6 @@ ADMISSION_GRID = "admission=fcfs,shed,late_to_back;admission_slack=0.5,1"
 BATCH_SHARES = (0.0, 0.1, 0.25, 0.5, 1.0)
 """batch shares best static chooses among, on the training split"""
 BATCH_GRID = "batch_share=0,0.25,0.5,1"
-KV_RATIOS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
-"""the KV ratios of the static frontier and of the oracle's grid"""
-KV_MEMORY_PRICE = 0.01
-"""the oracle's score per GiB of KV pool held on average, for the kv lever (a co-tenant uses the
-rest)"""
 
 
 @dataclass
@@ -126,9 +127,9 @@ class HeadroomConfig:
     """the held-out part replayed"""
     interval_s: float = 0.25
     """the decision interval"""
-    period_s: float = 1.0
+    period_s: float = OracleConfig.period_s
     """the oracle's search period (simulated s)"""
-    horizon_s: float = 10.0
+    horizon_s: float = OracleConfig.horizon_s
     """the oracle's look ahead (simulated s)"""
 
 
@@ -218,7 +219,8 @@ def _run(job: tuple) -> dict:
     return {"arm": arm.name, "scale": scale, "part": part,
             "interactive_attainment": s["interactive_attainment"],
             "interactive_goodput_rps": (s["met"] - s["batch_met"]) / span,
-            "batch_goodput_tps": s["batch_goodput_tps"] * sim / span, "batch_met": s["batch_met"],
+            "batch_goodput_tps": per_arrival_second(s["batch_goodput_tps"], sim, span),
+            "batch_met": s["batch_met"],
             "batch_requests": s["batch_requests"], "mean_kv_gib": ep.mean_kv_gib,
             "cotenant_served_share": s["cotenant_served_share"],
             "shed": s["rejected_by_reason"].get("shed", 0), "sim_s": sim,
@@ -275,7 +277,7 @@ def gain(figure: str, oracle: float | None, best: float | None) -> float | None:
     return 1 - oracle / best if figure == "memory" else oracle / best - 1
 
 
-def verdict(gains: Sequence[float | None], bar: float = BAR) -> str:
+def verdict(gains: Sequence[float | None], bar: float = ORACLE_GAIN_BAR) -> str:
     """``worth learning`` iff some gain is at least ``bar``."""
     known = [g for g in gains if g is not None]
     if not known:
@@ -308,7 +310,7 @@ class Cell:
         if lever == "knobs":
             return {"static": Arm("static", knob_spec(DEFAULT_KNOBS)),
                     "best-static": Arm("best-static", base),
-                    "oracle": Arm("oracle", base, KNOB_GRID)}
+                    "oracle": Arm("oracle", base, DEFAULT_CANDIDATES)}
         if lever == "admission":
             static = override(base, "admission", "fcfs")
             scales = [self.l_star * m for m in (1.0, *self.cfg.multiples)]
@@ -324,11 +326,9 @@ class Cell:
             return {"static": Arm("static", override(base, "batch_share", "1")),
                     "best-static": Arm("best-static", best),
                     "oracle": Arm("oracle", best, f"{base};{BATCH_GRID}")}
-        if lever == "kv":
-            ratios = ",".join(f"{r:g}" for r in KV_RATIOS)
+        if lever == "kv":  # the grid's other knobs are the anchor's
             return {"static": Arm("static", base),
-                    "oracle": Arm("oracle", base, override(base, "ratio", ratios),
-                                  KV_MEMORY_PRICE)}
+                    "oracle": Arm("oracle", base, KV_CANDIDATES, KV_MEMORY_PRICE)}
         raise ValueError(f"unknown lever {lever!r}; expected one of {', '.join(LEVERS)}")
 
     def tune(self, choices: dict[str, str], scales: Sequence[float]) -> str:

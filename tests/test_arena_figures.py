@@ -1,9 +1,9 @@
 """The arena's figures for the levers, on three minutes of the real Azure code trace (240 s to
 420 s, 332 requests) with batch drops: per-class columns, goodput past capacity, memory and the
-static frontier, the oracle labelled as an upper bound, and the Pareto plot. One arena command
-runs once for the module (admission shed at slack 0.5, the default co-tenant); each test checks
-its figures against the arena's own data path run directly. Skipped where the trace is
-absent."""
+static frontier, the oracle labelled as an upper bound, the Pareto plot, and the issue's figures
+block for a policy of the current spec. One arena command runs once for the module (admission
+shed at slack 0.5, the default co-tenant); each test checks its figures against the arena's own
+data path run directly or against its own rows. Skipped where the trace is absent."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from agents.arena import _row_job, run_episode, summary_at
+from agents.arena import FIGURE_LOADS, _row_job, run_episode, static_default, summary_at
 from agents.controllers.best_static import GRID, BestStaticController, select_best
+from agents.evaluate import main as evaluate_main
+from agents.figures import NEVER_WORSE_THAN, batch_goodput
 from agents.registry import EvalSpec, best_static, make_controller
-from agents.report import markdown_table, plot, write_json
+from agents.report import figures_table, markdown_table, plot, write_json
 from env.engine_choice import EngineChoice
 from env.replay import replay
 from env.traces.locations import azure_trace_path, traces_dir
@@ -37,6 +39,9 @@ SCALES = (1.0, 2.0)
 RATIOS = (0.5, 0.6)
 """0.5 is in best static's grid (read from its search), 0.6 is not (searched)"""
 CHOICE = EngineChoice(admission=AdmissionPolicy.SHED, admission_slack=0.5, cotenant=True)
+POLICY = "policy:tests/fixtures/policy-test-1.onnx"
+"""a policy of the current spec (tests/policy_factory.py)"""
+CONTROLLERS = ("static", "best-static", "pid", POLICY)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +66,8 @@ def arena(tmp_path_factory):
     env = {**os.environ, CHECKPOINTS_DIR_ENV: str(checkpoints)}
     out = subprocess.run(
         [sys.executable, "-m", "agents.evaluate", "--trace", str(path), "--split", "all",
-         "--controllers", "static,best-static", "--rate-scales", ",".join(map(str, SCALES)),
+         "--controllers", ",".join(CONTROLLERS), "--rate-scales", ",".join(map(str, SCALES)),
+         "--match-static", "0.68", "--capacity-controllers", "static,best-static," + POLICY,
          "--tuning-scales", "1", "--past-capacity", "2,4",
          "--frontier-ratios", ",".join(map(str, RATIOS)), "--admission", "shed",
          "--admission-slack", "0.5", "--cotenant", "--workers", "1", "--json",
@@ -112,7 +118,7 @@ def test_goodput_past_capacity_is_each_goodput_shown_over_the_goodput_at_capacit
     reference = caps["best-static"]["capacity_99"]
     assert 0 < reference < 64
     entries = {e["controller"]: e for e in result["past_capacity"]}
-    assert set(entries) == {"static", "best-static"}
+    assert set(entries) == {"static", "best-static", POLICY}  # the PID's capacity not searched
     for name, e in entries.items():
         assert e["reference_capacity_99"] == reference
         assert e["capacity_99"] == caps[name]["capacity_99"]
@@ -135,8 +141,9 @@ def test_goodput_past_capacity_is_each_goodput_shown_over_the_goodput_at_capacit
 def test_each_frontier_point_is_best_static_at_its_ratio(arena, ratio):
     spec, result, _ = arena
     points = result["frontier"]
+    loads = [ld["rate_scale"] for ld in result["figures"]["loads"]]
     assert sorted((p["kv_cache_ratio"], p["rate_scale"]) for p in points) == sorted(
-        itertools.product(RATIOS, SCALES))
+        itertools.product(RATIOS, [*SCALES, *loads]))
     # best static's search at the ratio, by hand: every other knob of its grid replayed on the
     # training split (the whole window: it ends before 2400 s) at the tuning scale
     trace = resolve_trace(spec.trace)
@@ -178,3 +185,78 @@ def test_the_oracle_is_labelled_an_upper_bound_in_the_table_json_and_pareto_plot
     written = json.loads(write_json({**result, "rows": rows}, tmp / "r.json").read_text())
     assert written["rows"][-1]["label"] == "oracle (upper bound)"
     assert written["rows"][-1]["upper_bound"] is True
+
+
+def test_the_issue_figures_stand_on_the_arenas_own_rows(arena):
+    spec, result, _ = arena
+    f = result["figures"]
+    rows = result["rows"]
+    caps = {c["controller"]: c for c in result["capacity"]}
+    l_star = caps["best-static"]["capacity_99"]
+    # the figure loads are multiples of best static's capacity, every controller ran there
+    assert f["loads"] == [{"trace": "code240", "rate_scale": m * l_star, "multiple": m}
+                          for m in FIGURE_LOADS]
+
+    def row(name: str, scale: float) -> dict:
+        (r,) = [r for r in rows if r["controller"] == name and r["rate_scale"] == scale]
+        return r
+
+    for ld in f["loads"]:
+        for name in CONTROLLERS:
+            assert row(name, ld["rate_scale"])["figure_load_multiple"] == ld["multiple"]
+    groups = {(g["figure"], g["rate_scale"]): g for g in f["table"]}
+    for ld in f["loads"]:
+        s = ld["rate_scale"]
+        mem = groups["cotenant_memory", s]
+        assert mem["best_static"]["value"] == row("best-static", s)["mean_kv_gib"]
+        cell = mem["controllers"][POLICY]
+        r = row(POLICY, s)
+        assert cell["mean_kv_gib"] == r["mean_kv_gib"]
+        assert cell["interactive_attainment"] == r["interactive_attainment"]
+        assert cell["kv_ratio"] == r["mean_kv_gib"] / row("best-static", s)["mean_kv_gib"]
+        ok = (cell["attainment_gap_pt"] >= -0.5 and cell["kv_ratio"] <= 0.7)
+        assert cell["pass"] is ok
+        batch = groups["batch_goodput", s]
+        assert batch["best_static"]["value"] == batch_goodput(row("best-static", s))
+    # the oracle did not run: its column and every share of its gain say so
+    assert "every share of the oracle's gain: no oracle among --controllers" in f["not_measured"]
+    share = groups["oracle_share_capacity_99", None]
+    assert share["oracle"]["verdict"] == "not measured: no oracle run"
+    assert share["controllers"][POLICY]["pass"] is None
+    cap = groups["capacity_99", None]
+    assert "pid" not in caps  # --capacity-controllers left it out
+    assert cap["controllers"]["pid"]["verdict"] == (
+        "not measured: no capacity search (--capacity-controllers)")
+    assert cap["controllers"][POLICY]["value"] == caps[POLICY]["capacity_99"]
+    assert cap["controllers"][POLICY]["pass"] is (caps[POLICY]["capacity_99"] >= l_star)
+    # the headline's load is where the static default, first come first served, attains 68%
+    # of interactive requests; every controller ran there under the arena's own deployment
+    (match,) = result["static_match"]
+    assert match["static_deployment"]["admission"] == "fcfs"
+    default = EvalSpec(spec.trace, "all", None, 0.25, static_default(spec.config))
+    direct = summary_at(default, make_controller("static", default), match["rate_scale"])
+    assert match["static_attainment"] == direct["interactive_attainment"] >= 0.68
+    head = groups["headline", match["rate_scale"]]
+    matched = row(POLICY, match["rate_scale"])
+    assert matched["matched_static"] is True
+    assert head["controllers"][POLICY]["value"] == matched["interactive_attainment"]
+    assert head["controllers"][POLICY]["batch_on_time"] == (
+        matched["batch_met"] / matched["batch_requests"])
+    # never worse than the PID: the least margin over every load both ran at
+    margins = [(r["slo_attainment"] - row("pid", r["rate_scale"])["slo_attainment"]) * 100
+               for r in rows if r["controller"] == POLICY]
+    assert len(margins) == len(SCALES) + 1 + 2 + len(FIGURE_LOADS)  # + match + 2x, 4x cap.
+    worst = groups["never_worse", None]["controllers"][POLICY]
+    assert worst["margin_pt"] == min(margins) and worst["against"] in NEVER_WORSE_THAN
+    assert set(groups["never_worse", None]["controllers"]) == {"static", POLICY}
+    table = figures_table(f)
+    assert table.splitlines()[2] == ("| trace | figure | load | bar | best static | oracle "
+                                     "(upper bound) | static | pid | policy:fixtures |")
+
+
+def test_report_prints_the_tables_of_a_saved_run_figures_included(arena, capsys):
+    _, result, tmp = arena
+    assert evaluate_main(["--report", str(tmp / "ev" / "results.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.strip().endswith(figures_table(result["figures"]))
+    assert out.startswith("| trace | controller | rate x |")

@@ -107,6 +107,25 @@ def test_a_batch_request_whose_deadline_passes_before_admission_expires():
     assert e.summary().rejected_by_reason == {"expired": 1}
 
 
+def test_an_engine_left_with_shut_out_batch_work_expires_it_and_keeps_a_finite_clock():
+    # every request arrived, batch work alone waiting and shut out (share 0): the engine runs
+    # its usual 60-s stretch, in which the request expires at its deadline, and stops; the
+    # clock used to jump to inf there, and the co-tenant's integral overflowed
+    classes = {INT: DEFAULT_SLO_CLASSES[INT], B: SloTarget(1.0, 1.0, deadline_s=1.0)}
+    e = make_engine(batch_share=0.0, slo_classes=classes,
+                    cotenant=CoTenantDemand(gib=np.array([0.001])))
+    e.add_requests([0.5], [100], [1], [B])
+    e.run_until(0.6)
+    e.run_to_completion()
+    (b,) = e.requests
+    assert b.reject_reason == RejectReason.EXPIRED and b.finish_s == 1.5
+    assert e.now == pytest.approx(60.6)
+    s = e.summary()
+    assert s.sim_seconds == pytest.approx(60.6)
+    assert s.mean_kv_gib == pytest.approx(1_638_400 / GIB)
+    assert s.cotenant_served_share == 1.0
+
+
 def _late_workload(admission: str):
     # One sequence slot. A (900-token prompt, 50 outputs) prefills from 0.005 to 0.915 and
     # decodes to 1.405. B (arrives 0.001, 100 tokens) waits behind it and passes its 1-s TTFT

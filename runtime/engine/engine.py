@@ -429,8 +429,11 @@ class Engine(QueuesMixin, ObservingMixin):
         """Run until every request has finished or been rejected (or ``max_time_s``)."""
         while self.has_work() and self.now < max_time_s:
             t = self.now + 60.0
-            if not self.waiting and not self.running:
-                t = max(t, self._next_arrival_s())  # idle: jump straight to the next arrival
+            arrival = self._next_arrival_s()
+            if not self.waiting and not self.running and arrival < math.inf:
+                # idle: jump straight to the next arrival (with every request arrived and only
+                # shut-out batch work waiting, run_until(inf) would leave the clock at inf)
+                t = max(t, arrival)
             self.run_until(min(t, max_time_s))
 
     def fork(self, horizon_s: float = math.inf) -> Engine:
