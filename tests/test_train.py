@@ -121,3 +121,33 @@ def test_training_on_an_operators_own_trace_compares_with_its_best_static_and_or
     first = again["training"]["periodic_evaluations"][0]
     assert first["step"] == 0 and first["mean"] == pytest.approx(
         card["training"]["periodic_evaluations"][-1]["mean"], abs=0.02)
+
+
+def test_with_a_co_tenant_the_kept_model_is_chosen_by_attainment_plus_the_memory_terms():
+    from agents.arena import run_episode
+    from env.session import RewardWeights
+    from env.traces import time_window
+    from env.traces.cotenant import cotenant_demand
+    from env.traces.resolve import resolve_trace
+    from runtime.decider.controller import StaticController
+    from runtime.engine.engine import EngineConfig
+    from runtime.engine.profile import Profile
+    from runtime.knobs import Knobs
+    from train import evaluate_controller
+
+    window = time_window(resolve_trace("synthetic"), 0.0, 20.0)
+    knobs = Knobs(5.0, 2048, 0.6)
+    weights = RewardWeights(memory_price=0.05, cotenant_value=0.02)
+    windows = [("synthetic", "synthetic", 1.0, window)]
+    lent = EngineConfig(cotenant=cotenant_demand(seed=0))
+    res = evaluate_controller(StaticController(knobs), windows, 0.25, Profile.load(None), lent,
+                              weights)
+    s = run_episode(window, StaticController(knobs), interval_s=0.25, profile=Profile.load(None),
+                    config=lent).summary
+    assert 0.0 < s["cotenant_served_share"] < 1.0
+    assert res["score"] == pytest.approx(s["slo_attainment"]
+                                         + 0.02 * s["cotenant_served_share"] - 0.05 * 0.6)
+    assert res["mean"] == s["slo_attainment"]
+    # without a co-tenant the model is chosen by attainment alone
+    assert "score" not in evaluate_controller(StaticController(knobs), windows, 0.25,
+                                              Profile.load(None), EngineConfig(), weights)
