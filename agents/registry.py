@@ -4,7 +4,8 @@ name, built from that name.
 Names: ``static`` (the static default, or ``static_knobs``), ``best-static`` (a grid search on
 the trace's training split, cached), ``pid``, ``aimd``, ``heuristic``, ``oracle`` (the lookahead
 oracle anchored on best static: an upper bound that reads the engine), ``policy:PATH`` (an ONNX
-policy through the guarded decider) and ``module:factory`` (any importable factory called with
+policy through the guarded decider; PATH may be a policy set, which gives each trace its
+workload's policy) and ``module:factory`` (any importable factory called with
 no arguments that returns a :class:`runtime.decider.controller.Controller`).
 """
 
@@ -66,6 +67,20 @@ def best_static(spec: EvalSpec, kv_cache_ratio: float | None = None) -> BestStat
                                config=spec.config, kv_cache_ratio=kv_cache_ratio, **scales)
 
 
+def policy_file(path: str, trace: str) -> str:
+    """The ONNX policy ``policy:PATH`` runs on ``trace``: PATH itself, or, when PATH is a policy
+    set (:mod:`runtime.decider.policy_set`), the policy it names for the trace (by its spec,
+    then by its label: ``azure-code``, a file's stem) or its default."""
+    if not path.endswith(".json"):
+        return path
+    from env.traces.resolve import trace_label
+    from runtime.decider.policy_set import PolicySet
+
+    policies = PolicySet.load(path)
+    workload = trace if policies.is_listed(trace) else trace_label(trace)
+    return str(policies.file_for(workload))
+
+
 def make_controller(name: str, spec: EvalSpec) -> Controller:
     """A controller by its name (see the module docstring). Raises ValueError for an unknown
     name and FileNotFoundError for a missing policy file."""
@@ -99,7 +114,7 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
     if name.startswith("policy:"):
         from agents.policy_controller import PolicyController
 
-        return PolicyController(name.split(":", 1)[1])
+        return PolicyController(policy_file(name.split(":", 1)[1], spec.trace))
     if ":" in name:
         module, attr = name.split(":", 1)
         obj = getattr(importlib.import_module(module), attr)()

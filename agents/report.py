@@ -17,9 +17,12 @@ from runtime.knobs import KNOB_NAMES, KNOB_SPECS
 
 
 def short_name(controller: str) -> str:
-    """``policy:runs/x/policy.onnx`` -> ``policy:x``: names short enough for tables and plots."""
+    """``policy:runs/x/policy.onnx`` -> ``policy:x``, ``policy:runs/x/policies.json`` ->
+    ``policy:x/policies``: names short enough for tables and plots."""
     if controller.startswith("policy:"):
-        return f"policy:{Path(controller.split(':', 1)[1]).parent.name or 'onnx'}"
+        path = Path(controller.split(":", 1)[1])
+        folder = path.parent.name or "onnx"
+        return f"policy:{folder}" if path.name == "policy.onnx" else f"policy:{folder}/{path.stem}"
     if controller == ORACLE_NAME:
         return ORACLE_LABEL
     return controller

@@ -251,7 +251,8 @@ def test_the_issue_figures_stand_on_the_arenas_own_rows(arena):
     assert set(groups["never_worse", None]["controllers"]) == {"static", POLICY}
     table = figures_table(f)
     assert table.splitlines()[2] == ("| trace | figure | load | bar | best static | oracle "
-                                     "(upper bound) | static | pid | policy:fixtures |")
+                                     "(upper bound) | static | pid | "
+                                     "policy:fixtures/policy-test-1 |")
 
 
 def test_report_prints_the_tables_of_a_saved_run_figures_included(arena, capsys):

@@ -9,7 +9,7 @@ from typing import Annotated, Literal, NotRequired
 from pydantic import BaseModel, ConfigDict, Field, with_config
 from typing_extensions import TypedDict
 
-from runtime.api.settings import POLICY_NAME_PATTERN
+from runtime.decider.policy_set import POLICY_NAME_PATTERN
 from runtime.observation import OBSERVATION_FIELDS, ObservationField
 
 MAX_BATCH = 4096

@@ -15,12 +15,10 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.decider.guard import DEFAULT_MAX_STEP
+from runtime.decider.policy_set import POLICY_NAME_PATTERN, POLICY_SET_FILE, PolicySet
 from runtime.locations import CHECKPOINTS_DIR_ENV, shipped_policy_dir
 
 ENV_PREFIX = "BATCHPILOT_"
-POLICY_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}\.onnx$"
-"""A policy file name: no folder part, no leading dot, ends in .onnx (so no path can leave the
-policy folder)."""
 OTHER_VARIABLES = frozenset({CHECKPOINTS_DIR_ENV, "BATCHPILOT_TRACES_DIR"})
 """``BATCHPILOT_*`` variables that other parts of the project read (the checkpoint folder, and
 the trace folder, which ``env/traces/locations.py`` reads: runtime/ may not import env/); any
@@ -42,6 +40,10 @@ class Settings(BaseSettings):
     """the policy folder: the start-up policy and every reload are read from it, nowhere else"""
     policy_file: str = Field("policy.onnx", pattern=POLICY_NAME_PATTERN + "|^$")
     """the policy loaded at start-up, a file name inside ``policy_dir``; empty for PID alone"""
+    workload: str = ""
+    """the workload this deployment serves (e.g. ``azure-code``): when set, the start-up policy
+    is the one ``policy_dir``'s policy set (``policies.json``) names for it, or the set's default
+    when it names none (``policy_file`` is then not read)"""
     reload_token: SecretStr | None = None
     """bearer token that ``POST /v1/policy/reload`` requires; unset disables reload (403)"""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
@@ -90,6 +92,12 @@ class Settings(BaseSettings):
     def start_policy_path(self) -> Path | None:
         """The start-up policy's path, resolved; ValueError when it leads out of the policy
         folder (a symlink), as a reload would refuse it."""
+        if self.workload:
+            try:
+                chosen = PolicySet.load(self.policy_dir / POLICY_SET_FILE).file_for(self.workload)
+            except ValueError as e:
+                raise ValueError(f"workload {self.workload!r}: {e}") from None
+            return resolve_in_folder(self.policy_dir, chosen.name)
         if not self.policy_file:
             return None
         return resolve_in_folder(self.policy_dir, self.policy_file)
