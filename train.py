@@ -613,7 +613,7 @@ def main(argv: list[str] | None = None, *,
     os.environ.setdefault("WANDB_SILENT", "true")
     import wandb
 
-    from agents.controllers.best_static import best_static_knobs
+    from agents.controllers.best_static import best_static_reference
     from agents.registry import EvalSpec, make_controller
     from agents.sb3_callbacks import CurriculumCallback, PeriodicEval
     from env.traces.resolve import resolve_trace, trace_label
@@ -634,11 +634,12 @@ def main(argv: list[str] | None = None, *,
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
     print(f"run {run_name}: preset {cfg.preset}, traces {', '.join(traces)}, "
           f"{cfg.total_timesteps:,} steps on {cfg.n_envs} environments -> {run_dir}")
-    # best static's knobs per trace: the pairing's reference (a cached grid search; a trace of
+    # best static's knobs per trace, as the arena's best static chooses them (levers included):
+    # the pairing's reference and the imitation oracle's anchor (cached searches; a trace of
     # one's own gets its search here, once)
     engine_config = cfg.engine_config(seed=cfg.seed)
-    references = {t: best_static_knobs(t, part="train", profile_path=cfg.profile,
-                                       config=engine_config) for t in traces}
+    references = {t: best_static_reference(t, part="train", profile_path=cfg.profile,
+                                           config=engine_config) for t in traces}
     for t, k in references.items():
         print(f"best static on {trace_label(t)} (train split): {k}")
     # every episode is paired with best static's replay of its window when the reward is

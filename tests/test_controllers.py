@@ -15,6 +15,7 @@ from agents.controllers.heuristic import HeuristicController, ewma, heuristic_ra
 from runtime.decider.controller import Controller, StaticController
 from runtime.decider.decision import Decision
 from runtime.decider.pid import PidController, PidGains
+from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS, Knobs, knobs_to_action
 from runtime.observation import OBSERVATION_NAMES, vector_from_fields
@@ -225,7 +226,11 @@ def test_best_static_picks_a_small_batch_share_and_shedding_when_batch_work_hurt
     # Measured: the batch drop costs interactive requests their SLOs under fcfs (91.6% with
     # the tap open); closing it to 0.1 helps under every admission policy, and shedding at one
     # TTFT target with share 0.1 is best (98.1%).
-    from agents.controllers.best_static import BestStaticController, best_static_setting
+    from agents.controllers.best_static import (
+        BestStaticController,
+        best_static_reference,
+        best_static_setting,
+    )
 
     trace = _mixed_trace_file(tmp_path / "mixed.csv")
     # the knob grid (one setting here), then the levers around its best; both cached
@@ -244,6 +249,14 @@ def test_best_static_picks_a_small_batch_share_and_shedding_when_batch_work_hurt
     assert got[("shed", 1.0, 1.0)] == 0.971 and got[("shed", 1.0, 0.1)] == 0.981
     assert best_static_setting(trace, part="all", scales=(1.0,), grid=grid, cache_dir=cache,
                                workers=1, progress=False) == setting  # from the cache
+    # training's reference keeps the deployment's admission policy: under fcfs (which no
+    # controller may change) it is the knob grid's best with fcfs's levers, not shed's
+    search = dict(part="all", scales=(1.0,), grid=grid, cache_dir=cache, workers=1,
+                  progress=False)
+    assert best_static_reference(trace, **search) == Knobs(5.0, 2048, 0.9)
+    # and under shed at one TTFT target, the lever search's share 0.1
+    shed = EngineConfig(admission="shed")
+    assert best_static_reference(trace, config=shed, **search) == setting.knobs
     c = BestStaticController(setting.knobs, setting.admission)
     e = make_engine()
     c.bind(e)

@@ -271,6 +271,21 @@ def best_static_setting(trace_spec: str, *, part: str = "train",
                               admission_slack=best["admission_slack"]), best["admission"])
 
 
+def best_static_reference(trace_spec: str, *, config: EngineConfig | None = None,
+                          **search: Any) -> Knobs:
+    """Best static's knobs under the deployment's own admission policy: training's reference
+    (the differential reward's pairing, the imitation oracle's anchor) and the arena's
+    best-static row are then one setting. That is :func:`best_static_setting`'s knobs, lever
+    search included (on ``mixed`` the batch share: 0.1, where the knob grid alone keeps 1), when
+    it keeps the deployment's admission policy; when it picks another one (which no controller
+    may change), the knob grid's best under the deployment's levers."""
+    config = config or EngineConfig()
+    best = best_static_setting(trace_spec, config=config, **search)
+    if best.admission == config.admission:
+        return best.knobs
+    return best_static_knobs(trace_spec, config=config, **search)
+
+
 class BestStaticController(StaticController):
     """Best static's knobs, with its admission policy set on the engine it is bound to (the
     session binds it before the first interval)."""
