@@ -83,7 +83,8 @@ def test_a_server_installed_from_the_wheel_decides_with_the_shipped_policy(tmp_p
                    check=True, capture_output=True, timeout=120)
     wheel = next(wheels.glob("batchpilot-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"runtime/checkpoints/shipped/policy.onnx", "runtime/locations.py", "train.py",
+    assert {"runtime/checkpoints/shipped/policy.onnx", "runtime/checkpoints/shipped/policies.json",
+            "runtime/locations.py", "train.py",
             "batchpilot_scripts/replay.py"} <= names
     assert not any(n.startswith(("scripts/", "tests/")) for n in names)
 

@@ -12,6 +12,7 @@ from agents.install_policy import install
 from agents.install_policy import main as install_main
 from agents.registry import policy_file
 from runtime.api.settings import Settings
+from runtime.decider.guard import GuardedDecider
 from runtime.decider.policy_set import POLICY_SET_FILE, PolicySet, PolicySetError
 from runtime.server import decider_from_settings
 
@@ -122,3 +123,14 @@ def test_a_policy_the_runtime_refuses_or_a_bad_name_installs_nothing(tmp_path, f
     code = install_main(["--run", str(run), "--workload", workload, "--folder", str(folder)])
     assert code == 2 and message in capsys.readouterr().err
     assert not folder.exists() or not any(folder.iterdir())
+
+
+def test_every_shipped_policy_is_one_the_runtime_serves_and_has_its_card():
+    shipped = Path(__file__).resolve().parents[1] / "checkpoints" / "shipped"
+    policies = PolicySet.load(shipped / POLICY_SET_FILE)
+    assert policies.default == "policy.onnx" and (shipped / "card.md").is_file()
+    for workload, name in policies.workloads.items():
+        decider = GuardedDecider(shipped / name)
+        assert decider.policy is not None, decider.last_error
+        assert (shipped / f"card-{workload}.md").is_file()
+    assert GuardedDecider(shipped / policies.default).policy is not None
