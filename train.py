@@ -156,6 +156,10 @@ class Config(EngineChoice):
     of your own, this fine-tunes it on your traffic"""
     eval_every: int = 50_000
     """evaluate against the baselines every this many steps"""
+    select_within: float = 0.005
+    """with --cotenant, the kept model is the best score (attainment plus the memory terms) among
+    evaluations whose mean attainment is within this of best static's (the issue's memory
+    figure: half a point); while none is, the best attainment"""
     eval_oracle: bool = True
     """run the lookahead oracle (an upper bound) once on the periodic evaluation's windows, so
     every evaluation logs the policy's gap to it"""
@@ -226,6 +230,9 @@ def parse_config(argv: list[str] | None = None) -> Config:
                f"--batch-size ({cfg.batch_size})")
     if not 0.0 <= cfg.curriculum <= 1.0:
         refuse(f"--curriculum must be in [0, 1], got {cfg.curriculum}")
+    if not 0.0 <= cfg.select_within <= 1.0:
+        refuse(f"--select-within must be in [0, 1] (a share of requests), got "
+               f"{cfg.select_within}")
     if cfg.windows < 0 or cfg.imitation_windows < 1 or cfg.dagger_rounds < 0:
         refuse(f"--windows ({cfg.windows}) and --dagger-rounds ({cfg.dagger_rounds}) must be "
                f">= 0 and --imitation-windows ({cfg.imitation_windows}) >= 1")
@@ -686,7 +693,8 @@ def main(argv: list[str] | None = None, *,
         partial(evaluate_controller, windows=windows, interval_s=cfg.interval_s,
                 profile=profile, config=engine_config, weights=weights),
         venv, run_dir, baselines, cfg.eval_every, on_evaluate=on_eval,
-        interval_s=cfg.interval_s)
+        interval_s=cfg.interval_s,
+        attainment_floor=baselines["best-static"]["mean"] - cfg.select_within)
     callbacks = [periodic]
     curriculum = None
     if paired and cfg.windows > 0 and cfg.curriculum > 0:

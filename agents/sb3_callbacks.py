@@ -88,6 +88,9 @@ class PeriodicEval(BaseCallback):
 
     :param evaluate: a controller's evaluation (``{"<window>": attainment, ..., "mean": m}``,
         with ``"score"`` when there is a co-tenant: the best model is the best score, or mean)
+    :param attainment_floor: with a score, only evaluations whose mean attainment reaches this
+        compete on score (the issue's memory figure: attainment within half a point of best
+        static's); while none does, the best mean attainment is kept
     :param venv: the training VecNormalize (its statistics normalise the evaluated policy's input)
     :param run_dir: the best model and its normaliser are saved here
     :param baselines: the baselines' evaluations, logged beside the policy's
@@ -101,8 +104,10 @@ class PeriodicEval(BaseCallback):
     def __init__(self, evaluate: Callable[[Any], dict[str, float]], venv: VecNormalize,
                  run_dir: Path, baselines: dict[str, dict[str, float]], eval_every: int,
                  on_evaluate: Callable[[dict[str, float]], None] | None = None, *,
-                 interval_s: float = 0.25, timeline_len: int = 240) -> None:
+                 interval_s: float = 0.25, timeline_len: int = 240,
+                 attainment_floor: float = -float("inf")) -> None:
         super().__init__()
+        self.attainment_floor = attainment_floor
         self.interval_s = interval_s
         self.timeline_len = timeline_len
         self.on_evaluate = on_evaluate
@@ -113,7 +118,10 @@ class PeriodicEval(BaseCallback):
         self.eval_every = eval_every
         self.next_eval = eval_every
         self.best = -float("inf")
-        """the best evaluation's score (or mean attainment)"""
+        """the kept evaluation's score (or mean attainment)"""
+        self.best_key: tuple[int, float] = (-1, -float("inf"))
+        """the kept evaluation's rank: (1, score) at or above the attainment floor, else (0,
+        mean attainment)"""
         self.history: list[dict[str, float]] = []
         self.best_entry: dict[str, float] = {}
         """the evaluation of the kept model"""
@@ -132,6 +140,16 @@ class PeriodicEval(BaseCallback):
         wandb.log({f"serving/{k}": float(np.mean(v)) for k, v in self._acc.items()},
                   step=self.num_timesteps)
         self._acc = {}
+
+    def rank(self, res: dict[str, float]) -> tuple[int, float]:
+        """An evaluation's rank for the kept model (higher is better): without a score, its mean
+        attainment; with one, its score if its mean attainment reaches the floor, and below the
+        floor (ranked under every evaluation above it) its mean attainment."""
+        if "score" not in res:
+            return (1, res["mean"])
+        if res["mean"] >= self.attainment_floor:
+            return (1, res["score"])
+        return (0, res["mean"])
 
     def evaluate(self) -> None:
         """Evaluate the current policy; save it as the best model if it beats the best so far."""
@@ -155,8 +173,9 @@ class PeriodicEval(BaseCallback):
                       data=[[i * self.interval_s, *row] for i, row in enumerate(first.tolist())])},
                   step=self.num_timesteps)
         score = res.get("score", res["mean"])  # the co-tenant's score where there is one
-        if score > self.best:
-            self.best = score
+        key = self.rank(res)
+        if key > self.best_key:
+            self.best_key, self.best = key, score
             self.model.save(self.run_dir / "best_model.zip")
             self.venv.save(str(self.run_dir / "best_vecnormalize.pkl"))
             self.best_entry = self.history[-1]

@@ -56,6 +56,8 @@ def test_bad_flags_are_refused_by_name():
             in refused("--batch-size", "100000"))
     assert "--ray-workers must be in 0..4 (--n-envs), got 5" in refused(
         "--vec-env", "ray", "--ray-workers", "5")
+    assert "--select-within must be in [0, 1] (a share of requests), got -0.1" in refused(
+        "--select-within", "-0.1")
 
 
 def test_a_mistyped_boolean_is_an_error_naming_the_flag_not_false():
@@ -151,3 +153,19 @@ def test_with_a_co_tenant_the_kept_model_is_chosen_by_attainment_plus_the_memory
     # without a co-tenant the model is chosen by attainment alone
     assert "score" not in evaluate_controller(StaticController(knobs), windows, 0.25,
                                               Profile.load(None), EngineConfig(), weights)
+
+
+def test_with_a_co_tenant_the_kept_model_is_the_best_score_within_half_a_point_of_best_static():
+    from agents.sb3_callbacks import PeriodicEval
+
+    cb = PeriodicEval(lambda c: {}, None, Path("."), {}, 1, attainment_floor=0.985)
+    lends_more_but_misses = {"mean": 0.980, "score": 1.010}
+    holds_and_lends = {"mean": 0.987, "score": 1.004}
+    holds_and_keeps = {"mean": 0.990, "score": 0.995}
+    ranked = sorted([lends_more_but_misses, holds_and_lends, holds_and_keeps], key=cb.rank)
+    assert ranked[-1] is holds_and_lends  # the best score among those at the floor
+    assert ranked[0] is lends_more_but_misses  # under the floor: below every one above it
+    # below the floor, the better attainment ranks higher, whatever the score
+    assert cb.rank({"mean": 0.984, "score": 0.9}) > cb.rank({"mean": 0.983, "score": 1.2})
+    # without a co-tenant there is no score, and attainment alone decides
+    assert cb.rank({"mean": 0.97}) > cb.rank({"mean": 0.96})
