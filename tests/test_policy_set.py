@@ -134,3 +134,10 @@ def test_every_shipped_policy_is_one_the_runtime_serves_and_has_its_card():
         assert decider.policy is not None, decider.last_error
         assert (shipped / f"card-{workload}.md").is_file()
     assert GuardedDecider(shipped / policies.default).policy is not None
+
+
+def test_a_workload_name_that_could_lead_out_of_the_folder_is_refused_by_the_settings():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="workload"):
+        Settings(workload="../azure-code")

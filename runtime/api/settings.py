@@ -15,7 +15,12 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.decider.guard import DEFAULT_MAX_STEP
-from runtime.decider.policy_set import POLICY_NAME_PATTERN, POLICY_SET_FILE, PolicySet
+from runtime.decider.policy_set import (
+    POLICY_NAME_PATTERN,
+    POLICY_SET_FILE,
+    WORKLOAD_NAME_PATTERN,
+    PolicySet,
+)
 from runtime.locations import CHECKPOINTS_DIR_ENV, shipped_policy_dir
 
 ENV_PREFIX = "BATCHPILOT_"
@@ -40,7 +45,7 @@ class Settings(BaseSettings):
     """the policy folder: the start-up policy and every reload are read from it, nowhere else"""
     policy_file: str = Field("policy.onnx", pattern=POLICY_NAME_PATTERN + "|^$")
     """the policy loaded at start-up, a file name inside ``policy_dir``; empty for PID alone"""
-    workload: str = ""
+    workload: str = Field("", pattern=WORKLOAD_NAME_PATTERN + "|^$")
     """the workload this deployment serves (e.g. ``azure-code``): when set, the start-up policy
     is the one ``policy_dir``'s policy set (``policies.json``) names for it, or the set's default
     when it names none (``policy_file`` is then not read)"""
