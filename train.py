@@ -156,6 +156,10 @@ class Config(EngineChoice):
     of your own, this fine-tunes it on your traffic"""
     eval_every: int = 50_000
     """evaluate against the baselines every this many steps"""
+    select_on: Literal["all", "interactive"] = "all"
+    """the attainment the periodic evaluation ranks models by: of every request, or of the
+    interactive ones (the issue's figures judge those first; batch requests then count only
+    through the arena's batch-on-time figure)"""
     select_within: float = 0.005
     """with --cotenant, the kept model is the best score (attainment plus the memory terms) among
     evaluations whose mean attainment is within this of best static's (the issue's memory
@@ -443,10 +447,17 @@ def imitate(cfg: Config, model, venv, trace_ranges: list[tuple[str, tuple]],
                       config=cfg.engine_config(seed=cfg.seed), seed=cfg.seed)
 
 
+SELECT_ON = {"all": "slo_attainment", "interactive": "interactive_attainment"}
+"""--select-on: the run summary's attainment the periodic evaluation ranks models by"""
+
+
 def evaluate_controller(controller, windows: list[tuple], interval_s: float, profile,
-                        config=None, weights: RewardWeights | None = None) -> dict[str, float]:
+                        config=None, weights: RewardWeights | None = None,
+                        attainment: str = "slo_attainment") -> dict[str, float]:
     """SLO attainment of one controller on each window, and their mean. ``controller`` is a
-    controller, or a function of the trace that builds one (a baseline tuned per trace).
+    controller, or a function of the trace that builds one (a baseline tuned per trace);
+    ``attainment`` is the run summary's field (``slo_attainment``: every request;
+    ``interactive_attainment``: the interactive classes').
 
     With a co-tenant in ``config`` the result also has ``score``, what the best model is chosen
     by: per window, attainment plus the reward's memory terms (``weights``: the co-tenant's value
@@ -461,9 +472,9 @@ def evaluate_controller(controller, windows: list[tuple], interval_s: float, pro
         c = controller(trace) if callable(controller) and not hasattr(controller, "decide") \
             else controller
         ep = run_episode(window, c, interval_s=interval_s, profile=profile, config=config)
-        out[f"{label}/x{s:g}"] = ep.summary["slo_attainment"]
+        out[f"{label}/x{s:g}"] = ep.summary[attainment]
         if weights is not None and config is not None and config.cotenant is not None:
-            scores.append(ep.summary["slo_attainment"]
+            scores.append(ep.summary[attainment]
                           + weights.cotenant_value * ep.summary["cotenant_served_share"]
                           - weights.memory_price * ep.mean_knobs[ratio])
     out["mean"] = float(np.mean(list(out.values())))
@@ -682,16 +693,19 @@ def main(argv: list[str] | None = None, *,
     weights = RewardWeights(violation_weight=cfg.violation_weight, memory_price=cfg.memory_price,
                             oom_penalty=cfg.oom_penalty, batch_weight=cfg.batch_weight,
                             cotenant_value=cfg.cotenant_value)
+    attainment = SELECT_ON[cfg.select_on]
     baselines = {name: evaluate_controller(baseline(name), windows, cfg.interval_s, profile,
-                                           engine_config, weights) for name in names}
+                                           engine_config, weights, attainment)
+                 for name in names}
     print("periodic evaluation windows: " + ", ".join(k for k in baselines["static"]
                                                       if k not in ("mean", "score")))
     for name, res in baselines.items():
-        print(f"  {name:>11}: mean SLO attainment {res['mean']:.2%}"
+        print(f"  {name:>11}: mean {'interactive' if cfg.select_on == 'interactive' else 'SLO'} "
+              f"attainment {res['mean']:.2%}"
               + (f", score {res['score']:.4f}" if "score" in res else ""))
     periodic = PeriodicEval(
         partial(evaluate_controller, windows=windows, interval_s=cfg.interval_s,
-                profile=profile, config=engine_config, weights=weights),
+                profile=profile, config=engine_config, weights=weights, attainment=attainment),
         venv, run_dir, baselines, cfg.eval_every, on_evaluate=on_eval,
         interval_s=cfg.interval_s,
         attainment_floor=baselines["best-static"]["mean"] - cfg.select_within)

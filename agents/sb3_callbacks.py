@@ -183,7 +183,7 @@ class PeriodicEval(BaseCallback):
                                                          else "")
                               for n, r in self.baselines.items())
         mine = f"{res['mean']:.2%}" + (f", score {score:.4f}" if "score" in res else "")
-        tqdm.write(f"step {self.num_timesteps:,}: eval mean SLO attainment {mine} "
+        tqdm.write(f"step {self.num_timesteps:,}: eval mean attainment {mine} "
                    f"(best {self.best:.4g}; {baselines})")
 
 

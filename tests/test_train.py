@@ -169,3 +169,26 @@ def test_with_a_co_tenant_the_kept_model_is_the_best_score_within_half_a_point_o
     assert cb.rank({"mean": 0.984, "score": 0.9}) > cb.rank({"mean": 0.983, "score": 1.2})
     # without a co-tenant there is no score, and attainment alone decides
     assert cb.rank({"mean": 0.97}) > cb.rank({"mean": 0.96})
+
+
+def test_the_periodic_evaluation_can_rank_by_interactive_attainment_alone():
+    from agents.arena import run_episode
+    from env.traces import rate_scale, time_window
+    from env.traces.resolve import resolve_trace
+    from runtime.decider.controller import StaticController
+    from runtime.engine.profile import Profile
+    from runtime.knobs import Knobs
+    from train import SELECT_ON, evaluate_controller
+
+    # the first batch drop (at 300 s), at three times the trace's rate
+    window = rate_scale(time_window(resolve_trace("mixed"), 290.0, 340.0), 3.0)
+    knobs = Knobs(5.0, 2048, 0.9)
+    windows = [("mixed", "mixed", 1.5, window)]
+    summary = run_episode(window, StaticController(knobs), interval_s=0.25,
+                          profile=Profile.load(None)).summary
+    assert summary["batch_requests"] > 0
+    assert summary["interactive_attainment"] != summary["slo_attainment"]
+    for flag, field in SELECT_ON.items():
+        res = evaluate_controller(StaticController(knobs), windows, 0.25, Profile.load(None),
+                                  attainment=field)
+        assert res["mean"] == summary[field], flag
