@@ -4,7 +4,8 @@
 
 copies the run's ``policy.onnx`` to ``<folder>/policy-<workload>.onnx`` and its ``card.md`` to
 ``<folder>/card-<workload>.md``, and names the policy for the workload in ``<folder>/
-policies.json`` (created with ``policy.onnx`` as the default when there is none). The server
+policies.json`` (created when there is none, with the folder's ``policy.onnx`` as the default,
+or this policy where the folder has none). The server
 then serves it with ``BATCHPILOT_WORKLOAD=<workload>``, and the arena runs it on that trace with
 ``policy:<folder>/policies.json``. The policy is checked by the runtime's decider before
 anything is written: a policy the runtime would refuse is never installed.

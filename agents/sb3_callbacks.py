@@ -88,9 +88,6 @@ class PeriodicEval(BaseCallback):
 
     :param evaluate: a controller's evaluation (``{"<window>": attainment, ..., "mean": m}``,
         with ``"score"`` when there is a co-tenant: the best model is the best score, or mean)
-    :param attainment_floor: with a score, only evaluations whose mean attainment reaches this
-        compete on score (the issue's memory figure: attainment within half a point of best
-        static's); while none does, the best mean attainment is kept
     :param venv: the training VecNormalize (its statistics normalise the evaluated policy's input)
     :param run_dir: the best model and its normaliser are saved here
     :param baselines: the baselines' evaluations, logged beside the policy's
@@ -99,6 +96,9 @@ class PeriodicEval(BaseCallback):
     :param interval_s: the decision interval (the time axis of the knobs over time)
     :param timeline_len: decisions of the knobs-over-time table (the first window's, when the
         first window is at least this long)
+    :param attainment_floor: with a score, only evaluations whose mean attainment reaches this
+        compete on score (the issue's memory figure: attainment within half a point of best
+        static's); while none does, the best mean attainment is kept
     """
 
     def __init__(self, evaluate: Callable[[Any], dict[str, float]], venv: VecNormalize,
