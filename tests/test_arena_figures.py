@@ -21,7 +21,7 @@ from agents.arena import FIGURE_LOADS, _row_job, run_episode, static_default, su
 from agents.controllers.best_static import GRID, BestStaticController, select_best
 from agents.evaluate import main as evaluate_main
 from agents.figures import NEVER_WORSE_THAN, batch_goodput
-from agents.registry import EvalSpec, best_static, make_controller
+from agents.registry import EvalSpec, best_static, make_controller, policy_file
 from agents.report import figures_table, markdown_table, plot, write_json
 from env.engine_choice import EngineChoice
 from env.replay import replay
@@ -33,6 +33,7 @@ from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.profile import Profile
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 from runtime.locations import CHECKPOINTS_DIR_ENV, profiles_dir
+from tests.test_policy_set import write_set
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALES = (1.0, 2.0)
@@ -261,3 +262,14 @@ def test_report_prints_the_tables_of_a_saved_run_figures_included(arena, capsys)
     out = capsys.readouterr().out
     assert out.strip().endswith(figures_table(result["figures"]))
     assert out.startswith("| trace | controller | rate x |")
+
+
+def test_the_arena_gives_each_trace_its_workloads_policy(policy_dir):
+    path = str(write_set(policy_dir))
+    assert policy_file(path, "azure-code") == str(policy_dir / "policy-v2.onnx")
+    assert policy_file(path, "mixed") == str(policy_dir / "policy.onnx")
+    # a trace file is named by its stem
+    write_set(policy_dir, workloads={"my_trace": "policy-v2.onnx"})
+    assert policy_file(path, "/data/traces/my_trace.csv") == str(policy_dir / "policy-v2.onnx")
+    # a plain ONNX file runs on every trace
+    assert policy_file("x/policy.onnx", "azure-code") == "x/policy.onnx"

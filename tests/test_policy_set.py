@@ -1,5 +1,7 @@
-"""A policy set gives each workload its own policy: in the server (BATCHPILOT_WORKLOAD) and in
-the arena (policy:policies.json); a broken set is refused with the file and the field named."""
+"""A policy set gives each workload its own policy: in the server (BATCHPILOT_WORKLOAD) and
+through batchpilot-install-policy (test_install_policy.py; the arena's side is in
+test_arena_figures.py); a broken set is
+refused with the file and the field named. Runtime only: these run on the runtime-only install."""
 
 from __future__ import annotations
 
@@ -8,9 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from agents.install_policy import install
-from agents.install_policy import main as install_main
-from agents.registry import policy_file
 from runtime.api.settings import Settings
 from runtime.decider.guard import GuardedDecider
 from runtime.decider.policy_set import POLICY_SET_FILE, PolicySet, PolicySetError
@@ -74,55 +73,6 @@ def test_a_set_that_is_not_json_is_refused(policy_dir):
     path.write_text("{not json")
     with pytest.raises(PolicySetError, match=r"policies.json: not a JSON policy set \("):
         PolicySet.load(path)
-
-
-def test_the_arena_gives_each_trace_its_workloads_policy(policy_dir):
-    path = str(write_set(policy_dir))
-    assert policy_file(path, "azure-code") == str(policy_dir / "policy-v2.onnx")
-    assert policy_file(path, "mixed") == str(policy_dir / "policy.onnx")
-    # a trace file is named by its stem
-    write_set(policy_dir, workloads={"my_trace": "policy-v2.onnx"})
-    assert policy_file(path, "/data/traces/my_trace.csv") == str(policy_dir / "policy-v2.onnx")
-    # a plain ONNX file runs on every trace
-    assert policy_file("x/policy.onnx", "azure-code") == "x/policy.onnx"
-
-
-def run_folder(tmp_path: Path, policy: Path, card: str = "# card\n") -> Path:
-    run = tmp_path / "runs" / "r"
-    run.mkdir(parents=True)
-    (run / "policy.onnx").write_bytes(policy.read_bytes())
-    (run / "card.md").write_text(card)
-    return run
-
-
-def test_installing_a_run_adds_its_policy_and_card_for_the_workload(policy_dir, tmp_path):
-    run = run_folder(tmp_path, policy_dir / "policy-v2.onnx", "# code card\n")
-    assert install_main(["--run", str(run), "--workload", "azure-code",
-                         "--folder", str(policy_dir)]) == 0
-    policies = PolicySet.load(policy_dir / POLICY_SET_FILE)
-    assert (policies.default, policies.workloads) == (
-        "policy.onnx", {"azure-code": "policy-azure-code.onnx"})
-    assert (policy_dir / "policy-azure-code.onnx").read_bytes() == (
-        policy_dir / "policy-v2.onnx").read_bytes()
-    assert (policy_dir / "card-azure-code.md").read_text() == "# code card\n"
-    server = decider_from_settings(Settings(policy_dir=policy_dir, workload="azure-code"))
-    assert server.policy.policy_version == "test-2"
-    # a second workload keeps the first
-    install(run, "mixed", policy_dir)
-    assert set(PolicySet.load(policy_dir / POLICY_SET_FILE).workloads) == {"azure-code", "mixed"}
-
-
-@pytest.mark.parametrize("fixture, workload, message", [
-    ("policy-old-spec.onnx", "azure-code", "the runtime refuses this policy: spec mismatch"),
-    ("policy-test-1.onnx", "../up", "workload name '../up' is not a trace alias"),
-])
-def test_a_policy_the_runtime_refuses_or_a_bad_name_installs_nothing(tmp_path, fixture, workload,
-                                                                     message, capsys):
-    run = run_folder(tmp_path, FIXTURES / fixture)
-    folder = tmp_path / "shipped"
-    code = install_main(["--run", str(run), "--workload", workload, "--folder", str(folder)])
-    assert code == 2 and message in capsys.readouterr().err
-    assert not folder.exists() or not any(folder.iterdir())
 
 
 def test_every_shipped_policy_is_one_the_runtime_serves_and_has_its_card():
