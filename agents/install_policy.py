@@ -22,7 +22,7 @@ from pathlib import Path
 import tyro
 
 from runtime.decider.guard import GuardedDecider
-from runtime.decider.policy_set import POLICY_SET_FILE, PolicySet, PolicySetError
+from runtime.decider.policy_set import POLICY_SET_FILE, PolicySet
 from runtime.locations import shipped_policy_dir
 
 
@@ -38,7 +38,8 @@ class Args:
 
 def install(run: Path, workload: str, folder: Path) -> PolicySet:
     """Copy ``run``'s policy and card into ``folder`` for ``workload`` and name them in the
-    folder's policy set; returns the updated set. Raises ValueError naming what is wrong."""
+    folder's policy set; returns the updated set. Raises ValueError (a PolicySetError for
+    the set) naming what is wrong."""
     source = run / "policy.onnx"
     if not source.is_file():
         raise ValueError(f"{source}: no exported policy in the run folder")
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.folder if args.folder is not None else shipped_policy_dir()
     try:
         policies = install(args.run, args.workload, folder)
-    except (ValueError, PolicySetError) as e:
+    except ValueError as e:  # PolicySetError among them
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{policies.path}: {args.workload} -> {policies.workloads[args.workload]} "

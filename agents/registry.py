@@ -77,7 +77,7 @@ def policy_file(path: str, trace: str) -> str:
     from runtime.decider.policy_set import PolicySet
 
     policies = PolicySet.load(path)
-    workload = trace if policies.is_listed(trace) else trace_label(trace)
+    workload = trace if trace in policies.workloads else trace_label(trace)
     return str(policies.file_for(workload))
 
 

@@ -56,6 +56,8 @@ def test_a_server_whose_set_is_missing_decides_with_the_pid_and_says_why(policy_
      "file name in the same folder (no folder part, ends in .onnx)"),
     ({"workloads": {"azure-code": "gone.onnx"}}, "field 'workloads.azure-code' names gone.onnx, "
      "which is not in "),
+    ({"workloads": {"../x": "policy.onnx"}}, "field 'workloads': workload name '../x' is not a "
+     "trace alias or a file stem"),
     ({"workloads": ["policy.onnx"]}, "field 'workloads' must map workload names to policy "
      "files, got list"),
     ({"defualt": "policy.onnx"}, "unknown field(s) ['defualt']; expected policy_set, default, "

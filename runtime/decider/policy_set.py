@@ -37,6 +37,12 @@ class PolicySetError(ValueError):
     """A policy set that cannot be used; the message names the file and the field."""
 
 
+def _check_workload(workload: str, where: str = "") -> None:
+    if not re.match(WORKLOAD_NAME_PATTERN, workload):
+        raise PolicySetError(f"{where}workload name {workload!r} is not a trace alias or a file "
+                             "stem (letters, digits, '.', '_' and '-')")
+
+
 @dataclass(frozen=True)
 class PolicySet:
     """The policies of a folder by workload."""
@@ -74,10 +80,7 @@ class PolicySet:
             raise PolicySetError(f"{path}: field 'workloads' must map workload names to "
                                  f"policy files, got {type(workloads).__name__}")
         for workload in workloads:
-            if not re.match(WORKLOAD_NAME_PATTERN, workload):
-                raise PolicySetError(f"{path}: workload name {workload!r} in field 'workloads' "
-                                     "is not a trace alias or a file stem (letters, digits, "
-                                     "'.', '_' and '-')")
+            _check_workload(workload, f"{path}: field 'workloads': ")
         entries = {"default": raw.get("default")}
         entries.update({f"workloads.{k}": v for k, v in workloads.items()})
         for name, file in entries.items():
@@ -99,14 +102,9 @@ class PolicySet:
         name = self.workloads.get(workload, self.default) if workload else self.default
         return self.path.parent / name
 
-    def is_listed(self, workload: str) -> bool:
-        return workload in self.workloads
-
     def with_workload(self, workload: str, file: str) -> PolicySet:
         """This set with ``workload``'s policy set to ``file`` (a file beside the set)."""
-        if not re.match(WORKLOAD_NAME_PATTERN, workload):
-            raise PolicySetError(f"workload name {workload!r} is not a trace alias or a file "
-                                 "stem (letters, digits, '.', '_' and '-')")
+        _check_workload(workload)
         if not re.match(POLICY_NAME_PATTERN, file):
             raise PolicySetError(f"policy file {file!r} must be a file name ending in .onnx")
         return PolicySet(self.path, self.default, {**self.workloads, workload: file}, self.doc)
