@@ -9,9 +9,9 @@
 
 Reads top to bottom: config, seeding, environments, PPO, an optional warm start (a trained
 policy, or imitation of the lookahead oracle: behaviour cloning, then DAgger), training with
-periodic evaluation against the baselines on held-out windows (keeping the best model), ONNX
-export checked against the torch policy, the final evaluation table, and the run folder with its
-card.
+periodic evaluation against the baselines on the train split's last minutes (keeping the best
+model; the held-out split is left to the final evaluation), ONNX export checked against the torch
+policy, the final evaluation table, and the run folder with its card.
 
 Variance. Episodes are drawn from a fixed pool of windows per trace (``--windows``), and each is
 paired with best static's replay of the same window (cached per window): by default the reward
@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import math
 import os
 import random
 import shutil
@@ -171,7 +172,8 @@ class Config(EngineChoice):
     """rate scales of the periodic evaluation (empty: the quartiles of each trace's training
     range on a log scale)"""
     eval_episode_s: float = 300.0
-    """seconds of the eval split the periodic evaluation replays"""
+    """seconds the periodic evaluation replays: the end of each trace's train split (the held-out
+    split is read only by the final evaluation)"""
     final_rate_scales: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
     """rate scales of the final evaluation table"""
     final_controllers: str = "static,best-static,pid,aimd,heuristic"
@@ -393,17 +395,23 @@ def make_ppo(cfg: Config, venv, run_dir: Path):
 
 
 def periodic_eval_windows(cfg: Config, trace_ranges: list[tuple[str, tuple]]) -> list[tuple]:
-    """``(trace, trace label, rate scale, window)`` of the periodic evaluation: the first
-    ``eval_episode_s`` of each trace's eval split at ``eval_rate_scales`` (or the quartiles of
-    its training range on a log scale)."""
+    """``(trace, trace label, rate scale, window)`` of the periodic evaluation: the last
+    ``eval_episode_s`` of each trace's train split at ``eval_rate_scales`` (or the quartiles of
+    its training range on a log scale).
+
+    The kept model is chosen on these windows, so they come from the train split: the held-out
+    (eval) split is read only by the final evaluation, whose figures would otherwise include the
+    windows the model was chosen by. (Runs before this rule read the eval split's first
+    ``eval_episode_s`` here.)"""
     from env.traces import rate_scale, split, time_window
     from env.traces.resolve import resolve_trace, trace_label
 
     windows = []
     for t, (lo, hi) in trace_ranges:
-        held_out = split(resolve_trace(t), "eval")
-        start = float(held_out.arrival_s[0])
-        window = time_window(held_out, start, start + cfg.eval_episode_s)
+        train = split(resolve_trace(t), "train")
+        end = float(train.arrival_s[-1])
+        start = max(float(train.arrival_s[0]), end - cfg.eval_episode_s)
+        window = time_window(train, start, math.nextafter(end, math.inf))
         scales = cfg.eval_rate_scales or tuple(round(lo * (hi / lo) ** q, 3)
                                                for q in (0.25, 0.5, 0.75))
         for s in scales:

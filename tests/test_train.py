@@ -192,3 +192,24 @@ def test_the_periodic_evaluation_can_rank_by_interactive_attainment_alone():
         res = evaluate_controller(StaticController(knobs), windows, 0.25, Profile.load(None),
                                   attainment=field)
         assert res["mean"] == summary[field], flag
+
+
+def test_the_periodic_evaluation_reads_the_train_split_only():
+    """The kept model is chosen on these windows; the final figures are on the eval split."""
+    from env.traces import TRAIN_SPLIT_S, split
+    from env.traces.resolve import resolve_trace
+    from train import Config, periodic_eval_windows
+
+    cfg = Config(eval_episode_s=300.0, eval_rate_scales=(1.0, 2.0))
+    windows = periodic_eval_windows(cfg, [("azure-conv", (1.0, 2.5))])
+    assert [(label, scale) for _, label, scale, _ in windows] == [("azure-conv", 1.0),
+                                                                  ("azure-conv", 2.0)]
+    train = split(resolve_trace("azure-conv"), "train")
+    last = float(train.arrival_s[-1])
+    # the window at rate 1 is the train split's last 300 s, its last request included
+    window = windows[0][3]
+    tail = train.arrival_s[train.arrival_s >= last - 300.0]
+    assert len(window) == len(tail) > 0
+    assert list(window.prompt_tokens) == list(train.prompt_tokens[-len(tail):])
+    assert last < TRAIN_SPLIT_S  # every one of them arrived before the held-out split starts
+    assert len(windows[1][3]) == len(window)  # the scaled one: the same requests, compressed
