@@ -37,14 +37,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import tyro
 
+from agents.held_knobs import held_actions, hold_knobs, parse_free_knobs
 from env.engine_choice import EngineChoice
 from env.session import RewardWeights
 from runtime.engine.admission import AdmissionPolicy
+from runtime.knobs import KNOB_NAMES
 from runtime.session import DEFAULT_INTERVAL_S
 
 
@@ -155,6 +157,11 @@ class Config(EngineChoice):
     """start from a trained policy: a run folder (model.zip, vecnormalize.pkl) or an exported
     policy.onnx of this spec (the shipped one: checkpoints/shipped/policy.onnx); with a --trace
     of your own, this fine-tunes it on your traffic"""
+    free_knobs: str = ""
+    """the knobs the policy moves, comma-separated (empty: all five); the others hold best
+    static's value on the training traces (which must agree on them) in the clone, in PPO and
+    in the exported policy. Free only the levers where the oracle finds room (README, "What
+    each lever is worth"): ``kv_cache_ratio`` is the one the imitation oracle searches"""
     eval_every: int = 50_000
     """evaluate against the baselines every this many steps"""
     select_on: Literal["all", "interactive"] = "all"
@@ -244,12 +251,16 @@ def parse_config(argv: list[str] | None = None) -> Config:
                f">= 0 and --imitation-windows ({cfg.imitation_windows}) >= 1")
     if cfg.warm_start != "none" and cfg.windows < 1:
         refuse("--warm-start labels windows of the pool: it needs --windows >= 1")
+    try:
+        parse_free_knobs(cfg.free_knobs)
+    except ValueError as e:
+        refuse(str(e))
     if not 0 <= cfg.ray_workers <= cfg.n_envs:
         refuse(f"--ray-workers must be in 0..{cfg.n_envs} (--n-envs), got {cfg.ray_workers}")
     return cfg
 
 
-def refuse(message: str) -> None:
+def refuse(message: str) -> NoReturn:
     """Exit as argparse does on a bad flag: the message on stderr, status 2."""
     print(f"train.py: error: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -581,6 +592,9 @@ def warm_start_line(warm: dict) -> str:
     out = ""
     if "init_from" in warm:
         out += f"- started from {warm['init_from']['from']}\n"
+    if "held_knobs" in warm:
+        out += ("- held at best static's value (--free-knobs): "
+                + ", ".join(f"{k} {v:g}" for k, v in warm["held_knobs"].items()) + "\n")
     for r in warm.get("imitation", {}).get("rounds", []):
         before, after = r["held_out_mse_before"], r["held_out_mse_after"]
         mse = f"{before:.4f} -> {after:.4f}" if before is not None else "n/a"
@@ -687,6 +701,17 @@ def main(argv: list[str] | None = None, *,
 
         warm["init_from"] = init_from(model, venv, cfg.init_from)
         print(f"started from {cfg.init_from}: {', '.join(warm['init_from']['copied'])}")
+    free = parse_free_knobs(cfg.free_knobs)
+    if free != KNOB_NAMES:
+        try:
+            held = held_actions(free, {trace_label(t): k for t, k in references.items()})
+        except ValueError as e:
+            refuse(str(e))
+        hold_knobs(model.policy, held)
+        warm["held_knobs"] = {KNOB_NAMES[i]: getattr(next(iter(references.values())),
+                                                     KNOB_NAMES[i]) for i in held}
+        print("held at best static's value: " + ", ".join(f"{k} {v:g}"
+                                                           for k, v in warm["held_knobs"].items()))
     if cfg.warm_start != "none":
         warm["imitation"] = imitate(cfg, model, venv, trace_ranges, references).as_dict()
 
