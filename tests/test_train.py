@@ -194,22 +194,29 @@ def test_the_periodic_evaluation_can_rank_by_interactive_attainment_alone():
         assert res["mean"] == summary[field], flag
 
 
-def test_the_periodic_evaluation_reads_the_train_split_only():
+def test_the_periodic_evaluation_reads_the_busiest_minutes_of_the_train_split():
     """The kept model is chosen on these windows; the final figures are on the eval split."""
     from env.traces import TRAIN_SPLIT_S, split
     from env.traces.resolve import resolve_trace
-    from train import Config, periodic_eval_windows
+    from train import Config, busiest_start, periodic_eval_windows
 
     cfg = Config(eval_episode_s=300.0, eval_rate_scales=(1.0, 2.0))
     windows = periodic_eval_windows(cfg, [("azure-conv", (1.0, 2.5))])
     assert [(label, scale) for _, label, scale, _ in windows] == [("azure-conv", 1.0),
                                                                   ("azure-conv", 2.0)]
     train = split(resolve_trace("azure-conv"), "train")
-    last = float(train.arrival_s[-1])
-    # the window at rate 1 is the train split's last 300 s, its last request included
+    a = train.arrival_s
+    tokens = train.prompt_tokens.astype(int) + train.output_tokens
+
+    def load(t0: float) -> int:
+        return int(tokens[(a >= t0) & (a < t0 + 300.0)].sum())
+
+    start = busiest_start(train, 300.0)
+    assert start + 300.0 <= TRAIN_SPLIT_S  # every request of it arrived before the held-out split
+    # no 300 s starting at any arrival holds more tokens (checked by brute force on a sample)
+    assert all(load(t0) <= load(start) for t0 in a[::25])
+    assert load(start) > 1.3 * load(float(a[-1]) - 300.0)  # busier than the split's end
     window = windows[0][3]
-    tail = train.arrival_s[train.arrival_s >= last - 300.0]
-    assert len(window) == len(tail) > 0
-    assert list(window.prompt_tokens) == list(train.prompt_tokens[-len(tail):])
-    assert last < TRAIN_SPLIT_S  # every one of them arrived before the held-out split starts
+    chosen = (a >= start) & (a < start + 300.0)
+    assert list(window.prompt_tokens) == list(train.prompt_tokens[chosen])
     assert len(windows[1][3]) == len(window)  # the scaled one: the same requests, compressed
