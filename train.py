@@ -9,7 +9,7 @@
 
 Reads top to bottom: config, seeding, environments, PPO, an optional warm start (a trained
 policy, or imitation of the lookahead oracle: behaviour cloning, then DAgger), training with
-periodic evaluation against the baselines on the train split's last minutes (keeping the best
+periodic evaluation against the baselines on the train split's busiest minutes (keeping the best
 model; the held-out split is left to the final evaluation), ONNX export checked against the torch
 policy, the final evaluation table, and the run folder with its card.
 
@@ -178,8 +178,8 @@ class Config(EngineChoice):
     """rate scales of the periodic evaluation (empty: the quartiles of each trace's training
     range on a log scale)"""
     eval_episode_s: float = 300.0
-    """seconds the periodic evaluation replays: the end of each trace's train split (the held-out
-    split is read only by the final evaluation)"""
+    """seconds the periodic evaluation replays: the busiest stretch of each trace's train split
+    (the held-out split is read only by the final evaluation)"""
     final_rate_scales: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
     """rate scales of the final evaluation table"""
     final_controllers: str = "static,best-static,pid,aimd,heuristic"
