@@ -61,10 +61,7 @@ def arena(tmp_path_factory):
                   window.slo_class)
     path.write_text("arrival_s,prompt_tokens,output_tokens,slo_class\n"
                     + "".join(f"{a!r},{p},{o},{c}\n" for a, p, o, c in columns))
-    checkpoints = tmp / "checkpoints"
-    checkpoints.mkdir()
-    (checkpoints / "profiles").symlink_to(profiles_dir())
-    env = {**os.environ, CHECKPOINTS_DIR_ENV: str(checkpoints)}
+    checkpoints, env = private_checkpoints(tmp)
     out = subprocess.run(
         [sys.executable, "-m", "agents.evaluate", "--trace", str(path), "--split", "all",
          "--controllers", ",".join(CONTROLLERS), "--rate-scales", ",".join(map(str, SCALES)),
@@ -79,6 +76,15 @@ def arena(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CHECKPOINTS_DIR_ENV, str(checkpoints))
         yield spec, json.loads(out.stdout), tmp
+
+
+def private_checkpoints(tmp: Path) -> tuple[Path, dict[str, str]]:
+    """A checkpoints folder under ``tmp`` (the shipped profiles linked in) and the environment
+    that points a command at it: best static's searches cache there, not in the repository."""
+    checkpoints = tmp / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "profiles").symlink_to(profiles_dir())
+    return checkpoints, {**os.environ, CHECKPOINTS_DIR_ENV: str(checkpoints)}
 
 
 def _rows(result: dict, controller: str, **flags) -> list[dict]:

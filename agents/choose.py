@@ -1,0 +1,195 @@
+"""Choose a workload's policy among trained ones, on the train split only.
+
+    python -m agents.choose --trace mixed --candidates runs/run-a,runs/run-b,policy.onnx \\
+        --admission shed --admission-slack 0.5 --cotenant
+
+The rule is the co-tenant memory figure's own (:mod:`agents.figures`): best static's capacity
+at 99% on the split (``L*``) sets the loads (``--loads`` times it: half and all of it by
+default); every candidate runs there beside best static; a candidate whose mean interactive
+attainment over those loads is within ``--within`` (half a point) of best static's is eligible,
+and the eligible one with the least mean KV memory is chosen. Nothing here reads the held-out
+split unless ``--split`` says so: the held-out figures (``python -m agents.evaluate --split
+eval``) stay a test the choice never saw. Prints the table and the ``batchpilot-install-policy``
+command that puts the chosen run into the shipped set (``--json``: one object). A candidate is a
+run folder train.py wrote (its ``policy.onnx``) or an ONNX policy file.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import tyro
+
+from agents.arena import evaluate
+from agents.figures import MEMORY_ATTAINMENT_SLACK, REFERENCE, TARGET
+from agents.registry import EvalSpec, make_controller
+from env.engine_choice import EngineChoice
+from env.traces.resolve import resolve_trace, trace_label
+from runtime.engine.roofline import ProfileChoice
+from runtime.session import DEFAULT_INTERVAL_S
+
+
+@dataclass
+class Config(ProfileChoice, EngineChoice):
+    trace: str = "synthetic"
+    """the workload's trace: synthetic | azure-conv | azure-code | mixed | mixed:SPEC | PATH"""
+    candidates: str = ""
+    """the policies to choose among, comma-separated: run folders (their policy.onnx) or ONNX
+    policy files"""
+    split: Literal["train", "eval", "all"] = "train"
+    """the part of the trace the choice replays (train: the held-out split stays unseen)"""
+    loads: str = "0.5,1"
+    """the loads, comma-separated multiples of best static's capacity at 99% on the split"""
+    within: float = MEMORY_ATTAINMENT_SLACK
+    """a candidate is eligible when its mean interactive attainment is at most this below best
+    static's (0.005: half a point, the memory figure's slack)"""
+    tuning_scales: str | None = None
+    """rate scales best static is tuned at, comma-separated (default: the registry's)"""
+    interval_s: float = DEFAULT_INTERVAL_S
+    """the decision interval, engine seconds"""
+    workers: int = 2
+    """worker processes"""
+    json: bool = False
+    """print one JSON object instead of the table"""
+
+
+def policy_path(candidate: str) -> Path:
+    """The ONNX file of a candidate: a run folder's ``policy.onnx``, or the file itself."""
+    path = Path(candidate)
+    if path.is_dir():
+        path = path / "policy.onnx"
+    if not path.is_file():
+        raise FileNotFoundError(f"--candidates: {candidate}: no run folder with a policy.onnx "
+                                "and no such ONNX file")
+    return path
+
+
+def rank(rows: list[dict], names: dict[str, str], within: float) -> list[dict]:
+    """One entry per controller of ``rows`` (best static first, then the candidates in the
+    order of ``names``: controller name -> candidate as given): its per-load attainment and KV,
+    the means, the gap to best static and whether it is eligible; the chosen one (eligible,
+    least mean KV; the first given on a tie) has ``"chosen": True``."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["controller"], []).append(r)
+    if REFERENCE not in by:
+        raise ValueError(f"the rows hold no {REFERENCE} to compare with")
+
+    def entry(name: str) -> dict:
+        runs = sorted(by[name], key=lambda r: r["rate_scale"])
+        att = sum(r["interactive_attainment"] for r in runs) / len(runs)
+        kv = sum(r["mean_kv_gib"] for r in runs) / len(runs)
+        return {"controller": name, "candidate": names.get(name, REFERENCE),
+                "loads": [{"rate_scale": r["rate_scale"],
+                           "interactive_attainment": r["interactive_attainment"],
+                           "mean_kv_gib": r["mean_kv_gib"]} for r in runs],
+                "mean_interactive_attainment": att, "mean_kv_gib": kv}
+
+    ref = entry(REFERENCE)
+    out = [ref]
+    for name in names:
+        e = entry(name)
+        e["gap"] = e["mean_interactive_attainment"] - ref["mean_interactive_attainment"]
+        e["eligible"] = e["gap"] >= -within - 1e-12
+        e["chosen"] = False
+        out.append(e)
+    eligible = [e for e in out[1:] if e["eligible"]]
+    if eligible:
+        min(eligible, key=lambda e: e["mean_kv_gib"])["chosen"] = True
+    return out
+
+
+def table(entries: list[dict], within: float) -> str:
+    loads = [f"x{d['rate_scale']:.3g}" for d in entries[0]["loads"]]
+    rows = ["| candidate | " + " | ".join(f"{s} att. / KV" for s in loads)
+            + " | mean att. | gap | mean KV GiB | |",
+            "|---|" + "---|" * (len(loads) + 4)]
+    for e in entries:
+        cells = [f"{d['interactive_attainment']:.2%} / {d['mean_kv_gib']:.2f}" for d in e["loads"]]
+        if "gap" not in e:
+            verdict, gap = "reference", ""
+        else:
+            gap = f"{e['gap'] * 100:+.2f} pt"
+            verdict = ("**chosen**" if e["chosen"] else "eligible" if e["eligible"]
+                       else f"out: more than {within * 100:g} pt under")
+        rows.append(f"| {e['candidate']} | " + " | ".join(cells)
+                    + f" | {e['mean_interactive_attainment']:.2%} | {gap} | "
+                    f"{e['mean_kv_gib']:.2f} | {verdict} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = tyro.cli(Config, args=argv, prog="python -m agents.choose",
+                   description=__doc__.splitlines()[0])
+    try:
+        names = [c.strip() for c in cfg.candidates.split(",") if c.strip()]
+        if not names:
+            raise ValueError("--candidates names nothing: give run folders or ONNX files")
+        try:
+            loads = [float(x) for x in cfg.loads.split(",") if x.strip()]
+        except ValueError:
+            loads = []
+        if not loads or not all(0 < m < float("inf") for m in loads):
+            raise ValueError(f"--loads must be comma-separated positive numbers, got "
+                             f"{cfg.loads!r}")
+        if not 0.0 <= cfg.within <= 1.0:
+            raise ValueError(f"--within must be in [0, 1], got {cfg.within}")
+        if cfg.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
+        controllers = {f"policy:{policy_path(c)}": c for c in names}
+        if len(controllers) < len(names):
+            raise ValueError("--candidates names one policy twice")
+        tuning = (tuple(float(x) for x in cfg.tuning_scales.split(",") if x.strip())
+                  if cfg.tuning_scales else None)
+        profile = cfg.spec()
+        config = cfg.engine_config()
+        resolve_trace(cfg.trace)  # fail fast on a missing or unreadable trace
+        spec = EvalSpec(cfg.trace, cfg.split, profile, cfg.interval_s, config,
+                        tuning_scales=tuning)
+        for c in controllers:
+            make_controller(c, spec)  # fail fast on a policy the runtime refuses
+    except (ValueError, FileNotFoundError) as e:
+        print(f"choose: {e}", file=sys.stderr)
+        return 2
+    common = dict(part=cfg.split, interval_s=cfg.interval_s, profile_path=profile,
+                  config=config, workers=cfg.workers, progress=not cfg.json,
+                  tuning_scales=tuning)
+    found = evaluate([cfg.trace], [REFERENCE], [1.0], capacity=True, **common)
+    capacity = next(c["capacity_99"] for c in found["capacity"]
+                    if c["controller"] == REFERENCE)
+    if not capacity > 0:
+        print(f"choose: best static misses {TARGET:.0%} at every load of {cfg.trace}'s "
+              f"{cfg.split} split; there is no capacity to set the loads by", file=sys.stderr)
+        return 1
+    scales = [round(m * capacity, 4) for m in loads]
+    result = evaluate([cfg.trace], [REFERENCE, *controllers], scales, capacity=False, **common)
+    entries = rank(result["rows"], controllers, cfg.within)
+    chosen = next((e for e in entries[1:] if e["chosen"]), None)
+    workload = trace_label(cfg.trace)
+    install = None
+    if chosen is not None and Path(chosen["candidate"]).is_dir():
+        install = (f"batchpilot-install-policy --run {chosen['candidate']} "
+                   f"--workload {workload}")
+    if cfg.json:
+        print(json.dumps({"trace": workload, "split": cfg.split, "capacity_99": capacity,
+                          "rate_scales": scales, "within": cfg.within, "entries": entries,
+                          "chosen": chosen["candidate"] if chosen else None,
+                          "install": install}))
+        return 0
+    print(f"{workload}, {cfg.split} split: best static's capacity at {TARGET:.0%} x{capacity:.3g};"
+          f" loads {', '.join(f'x{s:.3g}' for s in scales)}\n")
+    print(table(entries, cfg.within))
+    if chosen is None:
+        print(f"\nno candidate is within {cfg.within * 100:g} pt of best static's attainment: "
+              "keep what the set serves now")
+    else:
+        print(f"\nchosen: {chosen['candidate']}" + (f"\ninstall it: {install}" if install else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
