@@ -25,6 +25,7 @@ from typing import Literal
 import tyro
 
 from agents.arena import evaluate
+from agents.evaluate import positive_numbers
 from agents.figures import MEMORY_ATTAINMENT_SLACK, REFERENCE, TARGET
 from agents.registry import EvalSpec, make_controller
 from env.engine_choice import EngineChoice
@@ -129,13 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         names = [c.strip() for c in cfg.candidates.split(",") if c.strip()]
         if not names:
             raise ValueError("--candidates names nothing: give run folders or ONNX files")
-        try:
-            loads = [float(x) for x in cfg.loads.split(",") if x.strip()]
-        except ValueError:
-            loads = []
-        if not loads or not all(0 < m < float("inf") for m in loads):
-            raise ValueError(f"--loads must be comma-separated positive numbers, got "
-                             f"{cfg.loads!r}")
+        loads = positive_numbers(cfg.loads, "--loads", empty=False)
         if not 0.0 <= cfg.within <= 1.0:
             raise ValueError(f"--within must be in [0, 1], got {cfg.within}")
         if cfg.workers < 1:
@@ -143,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         controllers = {f"policy:{policy_path(c)}": c for c in names}
         if len(controllers) < len(names):
             raise ValueError("--candidates names one policy twice")
-        tuning = (tuple(float(x) for x in cfg.tuning_scales.split(",") if x.strip())
+        tuning = (tuple(positive_numbers(cfg.tuning_scales, "--tuning-scales"))
                   if cfg.tuning_scales else None)
         profile = cfg.spec()
         config = cfg.engine_config()

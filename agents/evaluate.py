@@ -107,20 +107,25 @@ class Config(ProfileChoice, EngineChoice):
         return self.numbers(self.rate_scales, "--rate-scales", empty=False)
 
     def numbers(self, text: str, flag: str, *, empty: bool = True) -> list[float]:
-        """Comma-separated positive numbers; ``empty``: none at all is allowed."""
-        try:
-            values = [float(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            values = [math.nan]
-        if (not values and not empty) or not all(0 < v < math.inf for v in values):
-            raise ValueError(f"{flag} must be comma-separated positive numbers, got {text!r}")
-        return values
+        return positive_numbers(text, flag, empty=empty)
 
     def names(self, text: str, flag: str) -> list[str]:
         names = [x.strip() for x in text.split(",") if x.strip()]
         if not names:
             raise ValueError(f"{flag} names nothing: {text!r}")
         return names
+
+
+def positive_numbers(text: str, flag: str, *, empty: bool = True) -> list[float]:
+    """Comma-separated positive numbers from a flag's text; ``empty``: none at all is allowed.
+    Raises ValueError naming ``flag``."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = [math.nan]
+    if (not values and not empty) or not all(0 < v < math.inf for v in values):
+        raise ValueError(f"{flag} must be comma-separated positive numbers, got {text!r}")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
