@@ -54,6 +54,9 @@ class Config(ProfileChoice, EngineChoice):
     """the decision interval, engine seconds"""
     workers: int = 2
     """worker processes"""
+    any_deployment: bool = False
+    """judge run folders trained under another deployment than these flags name (by default
+    such a candidate is refused: see :func:`deployment_mismatch`)"""
     json: bool = False
     """print one JSON object instead of the table"""
 
@@ -67,6 +70,37 @@ def policy_path(candidate: str) -> Path:
         raise FileNotFoundError(f"--candidates: {candidate}: no run folder with a policy.onnx "
                                 "and no such ONNX file")
     return path
+
+
+DEPLOYMENT_FIELDS = ("slo", "batch_share", "admission", "admission_slack", "cotenant")
+"""The :class:`EngineChoice` fields a run folder's ``config.json`` records (train.py's config
+inherits them) and the choice must replay under."""
+
+
+def deployment_mismatch(choice: EngineChoice, candidate: str) -> str | None:
+    """Why ``candidate``, a run folder, was trained under another deployment than ``choice``
+    names (None when it was not, or when it is an ONNX file or has no ``config.json``). A
+    policy judged under a deployment it never served in, or beside a best static tuned for
+    another, is chosen on the wrong rows: forgetting ``--admission shed --cotenant`` moved every
+    mixed candidate three points under best static."""
+    path = Path(candidate) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        trained = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--candidates: {path}: unreadable ({e})") from e
+    for name in DEPLOYMENT_FIELDS:
+        if name not in trained:
+            continue
+        ours = getattr(choice, name)
+        ours = getattr(ours, "value", ours)  # the admission policy's enum
+        if trained[name] != ours:
+            flag = "--" + name.replace("_", "-")
+            return (f"--candidates: {candidate} was trained with {flag} {trained[name]!r} and "
+                    f"this choice runs {flag} {ours!r}: pass the deployment the run serves in "
+                    "(its config.json), or --any-deployment")
+    return None
 
 
 def rank(rows: list[dict], names: dict[str, str], within: float) -> list[dict]:
@@ -138,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
         controllers = {f"policy:{policy_path(c)}": c for c in names}
         if len(controllers) < len(names):
             raise ValueError("--candidates names one policy twice")
+        if not cfg.any_deployment:
+            for c in names:
+                why = deployment_mismatch(cfg, c)
+                if why is not None:
+                    raise ValueError(why)
         tuning = (tuple(positive_numbers(cfg.tuning_scales, "--tuning-scales"))
                   if cfg.tuning_scales else None)
         profile = cfg.spec()

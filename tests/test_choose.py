@@ -5,6 +5,7 @@ arena's data path run directly. Skipped where the trace is absent."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from agents.arena import summary_at
+from agents.choose import deployment_mismatch, rank
 from agents.choose import main as choose_main
-from agents.choose import rank
 from agents.registry import EvalSpec, make_controller
 from env.engine_choice import EngineChoice
 from env.traces.locations import azure_trace_path, traces_dir
@@ -133,3 +134,37 @@ def test_bad_input_is_refused_with_the_flag_named(args, message, capsys, monkeyp
     monkeypatch.chdir(ROOT)
     assert choose_main(["--trace", "synthetic", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def _run_folder(tmp_path: Path, **deployment) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(FIXTURES / "policy-test-1.onnx", run / "policy.onnx")
+    (run / "config.json").write_text(json.dumps(
+        {"slo": None, "batch_share": 1.0, "admission": "shed", "admission_slack": 0.5,
+         "cotenant": True, "preset": "full", **deployment}))
+    return run
+
+
+def test_a_run_trained_under_another_deployment_is_refused_with_the_flag_named(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    run = _run_folder(tmp_path)
+    # the flags of the deployment the run recorded, but first come first served
+    assert choose_main(["--trace", "synthetic", "--candidates", str(run), "--cotenant",
+                        "--admission-slack", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--admission 'shed'" in err and "--admission 'fcfs'" in err and str(run) in err
+
+
+def test_the_deployment_check_reads_every_recorded_field(tmp_path):
+    run = _run_folder(tmp_path)
+    assert deployment_mismatch(CHOICE, str(run)) is None
+    assert deployment_mismatch(CHOICE, str(FIXTURES / "policy-test-1.onnx")) is None  # a file
+    for flag, other in [("cotenant", False), ("admission_slack", 1.0), ("batch_share", 0.5),
+                        ("slo", "long-context")]:
+        why = deployment_mismatch(dataclasses.replace(CHOICE, **{flag: other}), str(run))
+        assert why is not None and "--" + flag.replace("_", "-") in why
+    (run / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="config.json"):
+        deployment_mismatch(CHOICE, str(run))
