@@ -90,6 +90,8 @@ def deployment_mismatch(choice: EngineChoice, candidate: str) -> str | None:
         trained = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"--candidates: {path}: unreadable ({e})") from e
+    if not isinstance(trained, dict):
+        raise ValueError(f"--candidates: {path}: not a run's config (a JSON object)")
     for name in DEPLOYMENT_FIELDS:
         if name not in trained:
             continue

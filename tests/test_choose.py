@@ -165,6 +165,7 @@ def test_the_deployment_check_reads_every_recorded_field(tmp_path):
                         ("slo", "long-context")]:
         why = deployment_mismatch(dataclasses.replace(CHOICE, **{flag: other}), str(run))
         assert why is not None and "--" + flag.replace("_", "-") in why
-    (run / "config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="config.json"):
-        deployment_mismatch(CHOICE, str(run))
+    for text in ("{not json", "[1, 2]"):
+        (run / "config.json").write_text(text)
+        with pytest.raises(ValueError, match="config.json"):
+            deployment_mismatch(CHOICE, str(run))
