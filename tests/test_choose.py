@@ -136,13 +136,13 @@ def test_bad_input_is_refused_with_the_flag_named(args, message, capsys, monkeyp
     assert message in capsys.readouterr().err
 
 
-def _run_folder(tmp_path: Path, **deployment) -> Path:
+def _run_folder(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(FIXTURES / "policy-test-1.onnx", run / "policy.onnx")
     (run / "config.json").write_text(json.dumps(
         {"slo": None, "batch_share": 1.0, "admission": "shed", "admission_slack": 0.5,
-         "cotenant": True, "preset": "full", **deployment}))
+         "cotenant": True, "preset": "full"}))
     return run
 
 
@@ -155,6 +155,11 @@ def test_a_run_trained_under_another_deployment_is_refused_with_the_flag_named(
                         "--admission-slack", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "--admission 'shed'" in err and "--admission 'fcfs'" in err and str(run) in err
+    # --any-deployment lets it through to the checks that follow (here a bad tuning scale)
+    assert choose_main(["--trace", "synthetic", "--candidates", str(run), "--any-deployment",
+                        "--tuning-scales", "1,a"]) == 2
+    err = capsys.readouterr().err
+    assert "--tuning-scales" in err and "--admission" not in err
 
 
 def test_the_deployment_check_reads_every_recorded_field(tmp_path):
