@@ -104,10 +104,7 @@ class Config(ProfileChoice, EngineChoice):
     nothing"""
 
     def scales(self) -> list[float]:
-        return self.numbers(self.rate_scales, "--rate-scales", empty=False)
-
-    def numbers(self, text: str, flag: str, *, empty: bool = True) -> list[float]:
-        return positive_numbers(text, flag, empty=empty)
+        return positive_numbers(self.rate_scales, "--rate-scales", empty=False)
 
     def names(self, text: str, flag: str) -> list[str]:
         names = [x.strip() for x in text.split(",") if x.strip()]
@@ -149,15 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         config = cfg.engine_config()
         tuning = (tuple(float(x) for x in cfg.tuning_scales.split(",") if x.strip())
                   if cfg.tuning_scales else None)
-        past = cfg.numbers(cfg.past_capacity, "--past-capacity")
+        past = positive_numbers(cfg.past_capacity, "--past-capacity")
         searched = (None if cfg.capacity_controllers is None else
                     cfg.names(cfg.capacity_controllers, "--capacity-controllers"))
         for c in searched or ():
             if c not in controllers:
                 raise ValueError(f"--capacity-controllers: {c} is not among --controllers")
-        ratios = cfg.numbers(cfg.frontier_ratios, "--frontier-ratios")
-        figure_loads = cfg.numbers(cfg.figure_loads, "--figure-loads")
-        figure_scales = cfg.numbers(cfg.figure_rate_scales, "--figure-rate-scales")
+        ratios = positive_numbers(cfg.frontier_ratios, "--frontier-ratios")
+        figure_loads = positive_numbers(cfg.figure_loads, "--figure-loads")
+        figure_scales = positive_numbers(cfg.figure_rate_scales, "--figure-rate-scales")
         ratio = KNOB_SPECS[KNOB_NAMES.index(RATIO_KNOB)]
         for r in ratios:
             if not ratio.low <= r <= ratio.high:
