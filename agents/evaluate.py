@@ -54,8 +54,9 @@ class Config(ProfileChoice, EngineChoice):
     """the part of each trace that is replayed (one window)"""
     controllers: str = ",".join(BASELINES)
     """controllers, comma-separated: static, best-static, pid, aimd, heuristic, oracle (the
-    lookahead oracle: an upper bound), policy:PATH (an ONNX policy, or a policy set's JSON: each
-    trace gets its workload's policy), module:factory"""
+    lookahead oracle: an upper bound), oracle-forecast (its search on a persistence forecast of
+    the arrivals: how much of its gain is foresight), policy:PATH (an ONNX policy, or a policy
+    set's JSON: each trace gets its workload's policy), module:factory"""
     rate_scales: str = "1,2,4,8"
     """rate scales, comma-separated positive numbers (2 = twice the trace's request rate)"""
     interval_s: float = DEFAULT_INTERVAL_S

@@ -45,18 +45,25 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from runtime.decider.decision import Decision, decided_by
 from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.engine import Engine
+from runtime.engine.request import Request
 from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, Knobs
 
 ORACLE_NAME = "oracle"
 """the oracle's name in the controller registry and on command lines"""
 ORACLE_LABEL = "oracle (upper bound)"
 """how every table names the oracle's row"""
+FORECAST_NAME = "oracle-forecast"
+"""the controller name of the oracle's search on forecast arrivals (``OracleConfig.arrivals``
+``repeat``): not an upper bound, and not judged as one"""
+FORECAST_LABEL = "oracle's search, arrivals forecast"
+"""how tables name its row"""
 
 
 @dataclass(frozen=True)
@@ -245,6 +252,11 @@ class OracleConfig:
     """each candidate holds for one period, then the anchor (the base setting) runs to the
     horizon's end, as a rollout algorithm does; False holds each candidate the whole horizon
     (without an anchor, candidates always hold the whole horizon)"""
+    arrivals: Literal["trace", "repeat"] = "trace"
+    """what arrives in the forks: ``trace``, the trace's own future (the upper bound); ``repeat``,
+    the last ``horizon_s`` of arrivals again, ``horizon_s`` later (a persistence forecast: the
+    same search without sight of the future arrivals, to measure how much of the oracle's gain
+    is foresight; it still knows the output lengths of the requests in flight)"""
 
     def __post_init__(self) -> None:
         for name in ("period_s", "horizon_s"):
@@ -252,6 +264,9 @@ class OracleConfig:
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"OracleConfig.{name} must be a positive number of seconds, "
                                  f"got {v}")
+        if self.arrivals not in ("trace", "repeat"):
+            raise ValueError(f"OracleConfig.arrivals must be 'trace' or 'repeat', got "
+                             f"{self.arrivals!r}")
         if not (math.isfinite(self.violation_weight) and self.violation_weight >= 0):
             raise ValueError("OracleConfig.violation_weight must be a finite number >= 0, got "
                              f"{self.violation_weight}")
@@ -261,11 +276,13 @@ class OracleConfig:
 def score_setting(engine: Engine, setting: Setting, horizon_s: float,
                   violation_weight: float = 1.0, *, hold_s: float | None = None,
                   tail: Setting | None = None, batch_token_value: float = 0.0,
-                  memory_price: float = 0.0) -> float:
+                  memory_price: float = 0.0, arrivals: Sequence[Request] | None = None) -> float:
     """Fork ``engine``, apply ``setting``, run it ``horizon_s`` ahead and score the horizon:
     met - violation_weight * violations. With ``hold_s`` and ``tail``, ``setting`` holds for
-    ``hold_s`` only and ``tail`` runs the rest of the horizon. ``engine`` is left as it was."""
-    fork = engine.fork(horizon_s)
+    ``hold_s`` only and ``tail`` runs the rest of the horizon. With ``arrivals`` the fork sees
+    those arrive instead of the trace's future (:meth:`Engine.fork`). ``engine`` is left as it
+    was."""
+    fork = engine.fork(horizon_s, arrivals)
     fork.collect_interval()  # count from now: the fork inherits the open interval's counters
     setting.apply(fork)
     end = engine.now + horizon_s
@@ -292,12 +309,14 @@ class Search:
 def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
            violation_weight: float = 1.0, current: Setting | None = None,
            hold_s: float | None = None, tail: Setting | None = None,
-           batch_token_value: float = 0.0, memory_price: float = 0.0) -> Search:
+           batch_token_value: float = 0.0, memory_price: float = 0.0,
+           arrivals: Sequence[Request] | None = None) -> Search:
     """Score every candidate on its own fork of ``engine`` (see :func:`score_setting`); keep
     the best (ties: ``current`` if it is among the best, else the earliest)."""
     scores = tuple(score_setting(engine, s, horizon_s, violation_weight, hold_s=hold_s,
                                  tail=tail, batch_token_value=batch_token_value,
-                                 memory_price=memory_price) for s in candidates)
+                                 memory_price=memory_price, arrivals=arrivals)
+                   for s in candidates)
     top = max(scores)
     best = next(s for s, v in zip(candidates, scores) if v == top)
     if current is not None:
@@ -310,7 +329,9 @@ def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
 
 class LookaheadOracle:
     """A controller that sees the future: bound to a session, it searches the candidates on
-    forks of the session's engine every ``config.period_s`` and keeps the best.
+    forks of the session's engine every ``config.period_s`` and keeps the best. With
+    ``config.arrivals`` ``repeat`` it does not see the future arrivals (it is then named
+    :data:`FORECAST_NAME`, and is no upper bound).
 
     :param config: period, horizon, candidate grid and score weight
     :param anchor: a setting put first among the candidates (best static's, in the arena), so
@@ -318,12 +339,12 @@ class LookaheadOracle:
     :param interval_s: the decision interval of the sessions it will be bound to
     """
 
-    name = ORACLE_NAME
-    label = ORACLE_LABEL
-
     def __init__(self, config: OracleConfig | None = None, *, anchor: Setting | Knobs | None = None,
                  interval_s: float = 0.25) -> None:
         self.config = config if config is not None else OracleConfig()
+        forecast = self.config.arrivals == "repeat"
+        self.name = FORECAST_NAME if forecast else ORACLE_NAME
+        self.label = FORECAST_LABEL if forecast else ORACLE_LABEL
         if anchor is not None:
             anchor = anchor if isinstance(anchor, Setting) else Setting(anchor)
             # knobs the grid leaves out keep the anchor's (the deployment's batch share, slack)
@@ -361,12 +382,14 @@ class LookaheadOracle:
         if self.current is None or self._calls % self.every == 0:
             cfg = self.config
             rollout = cfg.rollout and self.anchor is not None
+            arrivals = (self._engine.repeated_arrivals(cfg.horizon_s)
+                        if cfg.arrivals == "repeat" else None)
             found = search(self._engine, self.candidates, cfg.horizon_s,
                            violation_weight=cfg.violation_weight, current=self.current,
                            hold_s=self.every * self.interval_s if rollout else None,
                            tail=self.anchor if rollout else None,
                            batch_token_value=cfg.batch_token_value,
-                           memory_price=cfg.memory_price)
+                           memory_price=cfg.memory_price, arrivals=arrivals)
             self.last_search = found
             self.current = found.best
             self.searches += 1

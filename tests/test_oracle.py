@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from agents import oracle_label
-from agents.arena import run_episode
+from agents.arena import is_upper_bound, run_episode
 from agents.oracle import (
+    FORECAST_NAME,
     LookaheadOracle,
     OracleConfig,
     Setting,
@@ -357,3 +358,76 @@ def test_the_candidate_grammar_names_all_five_knobs_and_the_levers():
     assert only.knobs == Knobs(20.0, 512, 0.8, batch_share=0.5, admission_slack=2.0)
     with pytest.raises(ValueError, match=r"candidates: batch_share=1.5 is outside its range"):
         parse_candidates("batch_share=1.5")
+
+
+def test_the_persistence_forecast_is_the_last_span_of_arrivals_again_one_span_later():
+    e = make_engine()
+    e.add_requests([0.2, 0.9, 1.4, 1.6, 5.0], [10, 20, 30, 40, 50], [2, 3, 4, 5, 6],
+                   ["interactive", "batch", "interactive", "interactive", "interactive"])
+    e.run_until(1.5)  # short requests: the engine is idle by then and stops at 1.5
+    assert e.now == 1.5
+    forecast = e.repeated_arrivals(1.0)  # arrivals in (0.5, 1.5]: requests 1 and 2
+    assert [(r.arrival_s, r.prompt_tokens, r.output_tokens, r.slo_class) for r in forecast] == [
+        (1.9, 20, 3, "batch"), (2.4, 30, 4, "interactive")]
+    original = {r.req_id: r for r in e.requests}
+    assert [r.req_id for r in forecast] == [5, 6]  # ids no request of the engine has
+    assert forecast[0].is_batch and forecast[0].deadline_s - 1.9 == pytest.approx(
+        original[1].deadline_s - 0.9)
+    assert forecast[1].ttft_target_s == original[2].ttft_target_s
+    assert all(r.status == Status.PENDING and r.num_computed_tokens == 0 for r in forecast)
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        e.repeated_arrivals(0.0)
+
+
+def test_a_fork_on_forecast_arrivals_serves_them_and_not_the_trace_future():
+    e = make_engine()
+    e.add_requests([0.0, 0.5, 2.0, 3.0], [100] * 4, [50] * 4)
+    e.run_until(1.0)
+    forecast = e.repeated_arrivals(1.0)  # request 1 (0.5 s) again at 1.5 s, as request 4
+    f = e.fork(2.5, forecast)
+    assert [r.req_id for r in f.requests] == [1, 4]  # in flight, then the forecast
+    assert all(a is not b for a in f.requests for b in (*e.requests, *forecast))
+    f.run_until(3.5)
+    assert [r.status for r in f.requests] == [Status.FINISHED, Status.FINISHED]
+    assert forecast[0].status == Status.PENDING  # the fork ran copies
+    assert [r.status for r in e.requests[2:]] == [Status.PENDING, Status.PENDING]
+    with pytest.raises(ValueError, match="must come after now"):
+        e.fork(2.5, [e.requests[1]])
+
+
+def test_the_forecast_oracle_decides_alike_on_two_traces_that_differ_only_ahead():
+    # The same two short requests, then nothing or a 900-token prompt at 2.1 s: at chunk 64 its
+    # first token misses, at chunk 2048 it is met (the hand-worked score test above).
+    def decisions(future: bool, arrivals: str) -> list[int]:
+        e = make_engine()
+        e.add_requests([0.1, 0.3, *([2.1] if future else [])], [10, 10, 900][:2 + future],
+                       [2, 2, 2][:2 + future])
+        oracle = LookaheadOracle(OracleConfig(period_s=0.25, horizon_s=3.0, rollout=False,
+                                              candidates="chunk=64,2048;ratio=0.5",
+                                              arrivals=arrivals),
+                                 anchor=Knobs(5.0, 64, 0.5), interval_s=0.25)
+        oracle.bind(e)
+        chosen = []
+        for k in range(1, 9):
+            knobs = oracle.decide(None).knobs
+            chosen.append(knobs.prefill_chunk_tokens)
+            e.set_knobs(knobs)
+            e.run_until(k * 0.25)
+            e.collect_interval()
+        return chosen
+
+    assert decisions(False, "repeat") == decisions(True, "repeat") == [64] * 8
+    assert decisions(False, "trace") == [64] * 8
+    # the upper bound sees the prompt coming once its miss at chunk 64 (certain at 3.1 s) falls
+    # within the horizon
+    assert decisions(True, "trace") == [64] + [2048] * 7
+
+
+def test_the_forecast_oracle_is_named_apart_from_the_upper_bound():
+    c = make_controller(FORECAST_NAME, EvalSpec("synthetic", "eval", None, 0.25))
+    assert isinstance(c, LookaheadOracle) and c.config.arrivals == "repeat"
+    assert c.name == FORECAST_NAME and not is_upper_bound(c.name)
+    assert short_name(FORECAST_NAME) == "oracle's search, arrivals forecast"
+    assert make_controller(ORACLE, EvalSpec("synthetic", "eval", None, 0.25)).name == ORACLE
+    with pytest.raises(ValueError, match="arrivals must be 'trace' or 'repeat'"):
+        OracleConfig(arrivals="psychic")  # type: ignore[arg-type]

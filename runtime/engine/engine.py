@@ -65,6 +65,7 @@ import heapq
 import math
 import operator
 from collections import deque
+from collections.abc import Sequence
 from typing import cast
 
 from runtime.engine.block_pool import BlockPool
@@ -436,12 +437,34 @@ class Engine(QueuesMixin, ObservingMixin):
                 t = max(t, arrival)
             self.run_until(min(t, max_time_s))
 
-    def fork(self, horizon_s: float = math.inf) -> Engine:
+    def repeated_arrivals(self, span_s: float) -> list[Request]:
+        """A persistence forecast of the next ``span_s`` seconds of traffic, for
+        ``fork(arrivals=...)``: the requests that arrived in the last ``span_s`` (``now - span_s <
+        arrival <= now``), again, each ``span_s`` later. Fresh requests (not yet arrived, ids no
+        other request has) with the same lengths, SLO class and targets: what a controller that
+        cannot see the future may assume comes next."""
+        if not span_s > 0:
+            raise ValueError(f"a forecast spans a positive number of seconds, got {span_s}")
+        requests = self.requests
+        now = self.now
+        hi = bisect.bisect_right(requests, now, key=_arrival)
+        lo = bisect.bisect_right(requests, now - span_s, hi=hi, key=_arrival)
+        base = self._num_added
+        return [Request(base + i, r.arrival_s + span_s, r.prompt_tokens, r.output_tokens,
+                        r.slo_class, r.ttft_target_s, r.tpot_target_s,
+                        r.deadline_s - r.arrival_s if r.is_batch else None)
+                for i, r in enumerate(requests[lo:hi])]
+
+    def fork(self, horizon_s: float = math.inf,
+             arrivals: Sequence[Request] | None = None) -> Engine:
         """An independent copy of the engine now, to try settings ahead (a lookahead oracle).
 
         The copy holds its own requests in flight (in any queue), its own copies of the
         requests arriving within ``horizon_s`` of ``now`` (later arrivals are left out, so a fork
-        for a short look ahead does not copy the rest of the trace), its own block pool, deadline
+        for a short look ahead does not copy the rest of the trace; with ``arrivals``, copies of
+        those instead of the trace's future: a forecast, requests in arrival order after ``now``
+        with ids no other request has, while requests that have already arrived but not yet been
+        taken in are kept), its own block pool, deadline
         heap, interval counters and executor. Its ``requests`` list holds only those copies:
         finished requests stay with the original, so the fork's :meth:`summary` covers what it
         ran, not the whole replay. The configuration, memory model, knobs and co-tenant demand
@@ -456,8 +479,16 @@ class Engine(QueuesMixin, ObservingMixin):
                             "with a fork() method (the simulated one) can")
         end = self.now + horizon_s
         src = self._pending
-        stop = bisect.bisect_right(src, end, lo=self._next_pending, key=_arrival)
-        pending = [r.clone() for r in src[self._next_pending:stop]]
+        if arrivals is None:
+            stop = bisect.bisect_right(src, end, lo=self._next_pending, key=_arrival)
+            pending = [r.clone() for r in src[self._next_pending:stop]]
+        else:
+            if arrivals and not arrivals[0].arrival_s > self.now:
+                raise ValueError(f"a fork's forecast arrivals must come after now ({self.now:g} "
+                                 f"s), the first is at {arrivals[0].arrival_s:g} s")
+            stop = bisect.bisect_right(src, self.now, lo=self._next_pending, key=_arrival)
+            pending = [r.clone() for r in src[self._next_pending:stop]]
+            pending.extend(r.clone() for r in arrivals if r.arrival_s <= end)
         memo: dict[int, object] = {id(x): x for x in (self.config, self.memory, self.knobs,
                                                       self._decode_cost, self._cotenant)}
         memo[id(self.executor)] = fork_executor()
