@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -58,6 +59,10 @@ class ImitationConfig:
     workers: int = 1
     """processes labelling windows at once (:func:`agents.parallel.run_jobs`); each window is
     labelled by its own oracle, so the labels do not depend on it"""
+    arrivals: Literal["trace", "repeat"] = "trace"
+    """what the labelling oracle's forks see arrive (:attr:`agents.oracle.OracleConfig.arrivals`):
+    the trace's future, or a persistence forecast (a teacher that knows no more of the future
+    than the policy it teaches)"""
 
 
 @dataclass
@@ -116,7 +121,8 @@ def oracle_for(cfg: ImitationConfig, anchor: Setting | None, interval_s: float) 
     """A labelling oracle: one search per decision interval."""
     return LookaheadOracle(OracleConfig(period_s=interval_s, horizon_s=cfg.horizon_s,
                                         candidates=cfg.candidates,
-                                        memory_price=cfg.memory_price),
+                                        memory_price=cfg.memory_price,
+                                        arrivals=cfg.arrivals),
                            anchor=anchor, interval_s=interval_s)
 
 

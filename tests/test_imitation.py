@@ -16,11 +16,12 @@ from agents.imitation import (
     action_mse,
     as_arrays,
     clone,
+    oracle_for,
     oracle_labels,
     split_by_window,
     visit_and_label,
 )
-from agents.oracle import Setting
+from agents.oracle import FORECAST_NAME, Setting
 from env.serving_env import ServingEnv
 from env.windows import WindowPool, cut_window
 from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, Knobs, knobs_to_action
@@ -129,3 +130,14 @@ def test_dagger_drives_its_windows_in_other_processes_with_the_policys_own_actio
     for a, b in zip(here, there):
         np.testing.assert_array_equal(np.asarray(a.observations), np.asarray(b.observations))
         np.testing.assert_array_equal(np.asarray(a.actions), np.asarray(b.actions))
+
+
+def test_a_teacher_without_foresight_labels_from_a_forecast_and_differs_from_the_oracle():
+    windows = tiny_windows(2)
+    forecast = dataclasses.replace(CFG, arrivals="repeat")
+    assert oracle_for(forecast, ANCHOR, 0.25).name == FORECAST_NAME
+    seeing = oracle_labels(windows, CFG, ANCHOR, interval_s=0.25, profile=None)
+    blind = oracle_labels(windows, forecast, ANCHOR, interval_s=0.25, profile=None)
+    a, b = as_arrays(seeing)[1], as_arrays(blind)[1]
+    assert len(a) == len(b) and set(np.unique(b[:, 1]).round(3)) <= {-0.5, 0.25, 0.75}
+    assert (a != b).any(axis=1).mean() > 0.05  # what the future changes (measured: 28% of labels)
