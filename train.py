@@ -608,11 +608,12 @@ def warm_start_line(warm: dict) -> str:
     if "held_knobs" in warm:
         out += ("- held at best static's value (--free-knobs): "
                 + ", ".join(f"{k} {v:g}" for k, v in warm["held_knobs"].items()) + "\n")
-    for r in warm.get("imitation", {}).get("rounds", []):
+    imitation = warm.get("imitation", {})
+    for r in imitation.get("rounds", []):
         before, after = r["held_out_mse_before"], r["held_out_mse_after"]
         mse = f"{before:.4f} -> {after:.4f}" if before is not None else "n/a"
-        out += (f"- imitation {r['round']}: {r['labels']} oracle labels, held-out action MSE "
-                f"{mse}, {r['seconds']:.0f} s\n")
+        out += (f"- imitation {r['round']}: {r['labels']} {imitation.get('teacher', 'oracle')} "
+                f"labels, held-out action MSE {mse}, {r['seconds']:.0f} s\n")
     return out
 
 

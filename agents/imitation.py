@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from agents.oracle import LookaheadOracle, OracleConfig, Setting
+from agents.oracle import FORECAST_NAME, ORACLE_NAME, LookaheadOracle, OracleConfig, Setting
 from agents.oracle_label import Labels, label_window
 from env.traces.trace import Trace
 from runtime.engine.engine import EngineConfig
@@ -69,11 +69,13 @@ class ImitationConfig:
 class ImitationReport:
     """What the warm start did, for the card."""
 
+    teacher: str = ORACLE_NAME
+    """who labelled: the oracle, or its search on forecast arrivals (``FORECAST_NAME``)"""
     rounds: list[dict] = field(default_factory=list)
     """per round: labels, held-out action MSE before and after cloning, seconds"""
 
     def as_dict(self) -> dict:
-        return {"rounds": self.rounds}
+        return {"teacher": self.teacher, "rounds": self.rounds}
 
 
 def mean_actions(policy, observations: np.ndarray) -> torch.Tensor:
@@ -279,7 +281,7 @@ def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, 
     """
     from agents.parallel import run_jobs
 
-    report = ImitationReport()
+    report = ImitationReport(FORECAST_NAME if cfg.arrivals == "repeat" else ORACLE_NAME)
     t0 = time.perf_counter()
     labels = Labels()
     first = 0
@@ -293,7 +295,7 @@ def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, 
     venv.obs_rms.update(obs.astype(np.float64))
     row = _fit_round(policy, venv, labels, cfg, seed, np.ones(len(labels), dtype=bool))
     report.rounds.append({"round": "bc", **row, "seconds": time.perf_counter() - t0})
-    log(f"behaviour cloning: {row['labels']} oracle labels, held-out action MSE "
+    log(f"behaviour cloning: {row['labels']} {report.teacher} labels, held-out action MSE "
         f"{row['held_out_mse_before']} -> {row['held_out_mse_after']} "
         f"({time.perf_counter() - t0:.0f} s)")
     for r in range(dagger_rounds):
