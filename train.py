@@ -152,6 +152,9 @@ class Config(EngineChoice):
     """the labelling oracle's score per GiB of KV pool held on average (0: memory is free to
     it); with --cotenant and ratio values in --imitation-candidates, the oracle lends memory
     where that costs it no more than this in SLO-meeting requests"""
+    imitation_weighting: Literal["none", "regret"] = "none"
+    """how much each label counts in cloning: alike (none), or by what holding best static's
+    setting would have lost there, in the labelling oracle's score (regret)"""
     imitation_arrivals: Literal["trace", "repeat"] = "trace"
     """what the labelling oracle sees arrive: the trace's future (trace), or the last horizon of
     arrivals again (repeat: a teacher that cannot see the future, as the policy cannot)"""
@@ -470,7 +473,7 @@ def imitate(cfg: Config, model, venv, trace_ranges: list[tuple[str, tuple]],
         anchors[label] = Setting(references[t])
     icfg = ImitationConfig(horizon_s=cfg.imitation_horizon_s, epochs=cfg.imitation_epochs,
                            memory_price=cfg.imitation_memory_price, workers=cfg.workers,
-                           arrivals=cfg.imitation_arrivals,
+                           arrivals=cfg.imitation_arrivals, weighting=cfg.imitation_weighting,
                            **({"candidates": cfg.imitation_candidates}
                               if cfg.imitation_candidates else {}))
     return warm_start(model.policy, venv, windows, envs, anchors, icfg,

@@ -59,6 +59,10 @@ class ImitationConfig:
     workers: int = 1
     """processes labelling windows at once (:func:`agents.parallel.run_jobs`); each window is
     labelled by its own oracle, so the labels do not depend on it"""
+    weighting: Literal["none", "regret"] = "none"
+    """how much each label counts in cloning: ``none``, all alike; ``regret``, by what holding
+    the anchor (best static's setting, the oracle's first candidate) would have lost there in
+    the oracle's own score, plus the mean of that over the labels (:func:`regret_weights`)"""
     arrivals: Literal["trace", "repeat"] = "trace"
     """what the labelling oracle's forks see arrive (:attr:`agents.oracle.OracleConfig.arrivals`):
     the trace's future, or a persistence forecast (a teacher that knows no more of the future
@@ -92,15 +96,34 @@ def action_mse(policy, observations: np.ndarray, actions: np.ndarray) -> float:
     return float(torch.mean((pred - torch.as_tensor(actions, dtype=torch.float32)) ** 2))
 
 
+def regret_weights(scores: np.ndarray) -> np.ndarray:
+    """Per label ``[n, candidates]`` of horizon scores: what holding the first candidate (the
+    anchor) would have lost against the oracle's choice, plus the mean of that over the labels.
+
+    Where the oracle gains most by leaving the anchor, the label counts most; the added mean
+    keeps the labels where nothing is at stake (ties, the anchor chosen) at half of the total
+    weight, so the clone still holds the anchor there. All ones when nothing is ever at stake.
+    (The cost-sensitive idea of AggreVaTe, Ross and Bagnell 2014, applied to cloning: the
+    oracle's choices are mostly the anchor, and the few that are not carry its gain.)"""
+    s = np.asarray(scores, dtype=np.float64)
+    regret = s.max(axis=1) - s[:, 0]
+    mean = float(regret.mean()) if len(regret) else 0.0
+    return regret + mean if mean > 0 else np.ones(len(s))
+
+
 def clone(policy, observations: np.ndarray, actions: np.ndarray, *, epochs: int = 60,
-          batch_size: int = 256, learning_rate: float = 1e-3, seed: int = 0) -> list[float]:
+          batch_size: int = 256, learning_rate: float = 1e-3, seed: int = 0,
+          weights: np.ndarray | None = None) -> list[float]:
     """Fit the actor (feature extractor, policy MLP, action head) of ``policy`` to ``actions``
-    by mean squared error; returns the mean loss of each epoch. ``observations`` are what the
-    policy sees (normalised as in training)."""
+    by mean squared error, each label weighted by ``weights`` (all alike when None); returns
+    the mean loss of each epoch. ``observations`` are what the policy sees (normalised as in
+    training)."""
     params = [*policy.mlp_extractor.policy_net.parameters(), *policy.action_net.parameters()]
     opt = torch.optim.Adam(params, lr=learning_rate)
     obs = torch.as_tensor(observations, dtype=torch.float32)
     target = torch.as_tensor(actions, dtype=torch.float32)
+    w = torch.as_tensor(np.ones(len(obs)) if weights is None else weights, dtype=torch.float32)
+    w = w / w.mean()  # the loss keeps the scale of the unweighted one
     gen = torch.Generator().manual_seed(seed)
     losses = []
     policy.train()
@@ -109,7 +132,8 @@ def clone(policy, observations: np.ndarray, actions: np.ndarray, *, epochs: int 
         total = 0.0
         for i in range(0, len(obs), batch_size):
             idx = order[i:i + batch_size]
-            loss = torch.mean((mean_actions(policy, obs[idx]) - target[idx]) ** 2)
+            se = torch.mean((mean_actions(policy, obs[idx]) - target[idx]) ** 2, dim=1)
+            loss = torch.sum(w[idx] * se) / len(idx)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -187,6 +211,9 @@ def visit_and_label(env, act: Callable[[np.ndarray], np.ndarray],
             setting = oracle.decide_setting()
             labels.observations.append(obs)
             labels.actions.append(knobs_to_action(setting.knobs))
+            found = oracle.last_search
+            assert found is not None  # decide_setting searches on its first call
+            labels.scores.append(found.scores)
             labels.window.append(first_index + i)
             labels.t_s.append(u.session.now)
             labels.rate_scale.append(scale)
@@ -251,8 +278,11 @@ def _fit_round(policy, venv, labels: Labels, cfg: ImitationConfig, seed: int,
     train, held = split_by_window(labels, cfg.holdout)
     held_new = held & new
     before = action_mse(policy, x[held_new], actions[held_new]) if held_new.any() else None
+    weights = (regret_weights(np.asarray(labels.scores)[train])
+               if cfg.weighting == "regret" else None)
     losses = clone(policy, x[train], actions[train], epochs=cfg.epochs,
-                   batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=seed)
+                   batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, seed=seed,
+                   weights=weights)
     after = action_mse(policy, x[held_new], actions[held_new]) if held_new.any() else None
     return {"labels": int(new.sum()), "labels_total": len(labels),
             "held_out_labels": int(held_new.sum()), "held_out_mse_before": before,
