@@ -101,8 +101,10 @@ def regret_weights(scores: np.ndarray) -> np.ndarray:
     anchor) would have lost against the oracle's choice, plus the mean of that over the labels.
 
     Where the oracle gains most by leaving the anchor, the label counts most; the added mean
-    keeps the labels where nothing is at stake (ties, the anchor chosen) at half of the total
-    weight, so the clone still holds the anchor there. All ones when nothing is ever at stake.
+    gives the labels where nothing is at stake (ties, the anchor chosen) each the mean regret,
+    so that, when they are most of the labels, together they weigh about as much as all the
+    regret, and the clone still holds the anchor there. All ones when nothing is ever at
+    stake.
     (The cost-sensitive idea of AggreVaTe, Ross and Bagnell 2014, applied to cloning: the
     oracle's choices are mostly the anchor, and the few that are not carry its gain.)"""
     s = np.asarray(scores, dtype=np.float64)

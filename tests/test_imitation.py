@@ -16,8 +16,10 @@ from agents.imitation import (
     action_mse,
     as_arrays,
     clone,
+    mean_actions,
     oracle_for,
     oracle_labels,
+    regret_weights,
     split_by_window,
     visit_and_label,
 )
@@ -141,3 +143,27 @@ def test_a_teacher_without_foresight_labels_from_a_forecast_and_differs_from_the
     a, b = as_arrays(seeing)[1], as_arrays(blind)[1]
     assert len(a) == len(b) and set(np.unique(b[:, 1]).round(3)) <= {-0.5, 0.25, 0.75}
     assert (a != b).any(axis=1).mean() > 0.05  # what the future changes (measured: 28% of labels)
+
+
+def test_regret_weights_count_a_label_by_what_holding_the_anchor_loses_there():
+    # scores [n, candidates], the anchor first: the second label's oracle gains 2 by leaving it
+    w = regret_weights(np.array([[1.0, 1.0], [0.0, 2.0], [1.0, 0.0]]))
+    np.testing.assert_allclose(w, [2 / 3, 8 / 3, 2 / 3])  # regret (0, 2, 0) + its mean 2/3
+    np.testing.assert_array_equal(regret_weights(np.zeros((4, 3))), np.ones(4))
+
+
+def test_a_weighted_clone_fits_the_weighted_mean_of_conflicting_labels():
+    # the same observation labelled -1 (weight 3) and +1 (weight 1): the weighted squared error
+    # is least at -0.5, the unweighted one at 0
+    obs = np.zeros((2, tiny_policy().observation_space.shape[0]), dtype=np.float32)
+    actions = np.zeros((2, NUM_KNOBS), dtype=np.float32)
+    actions[:, 0] = [-1.0, 1.0]
+    fitted = []
+    for weights in (None, np.array([3.0, 1.0])):
+        policy = tiny_policy()
+        clone(policy, obs, actions, epochs=400, batch_size=2, learning_rate=3e-3,
+              weights=weights)
+        with torch.no_grad():
+            fitted.append(float(mean_actions(policy, obs[:1])[0, 0]))
+    assert fitted[0] == pytest.approx(0.0, abs=0.02)
+    assert fitted[1] == pytest.approx(-0.5, abs=0.02)
