@@ -36,7 +36,7 @@ from agents.arena import (
     evaluate,
 )
 from agents.figures import REFERENCE
-from agents.oracle import ORACLE_NAME, OracleConfig
+from agents.oracle import FORECAST_NAME, ORACLE_NAME, OracleConfig
 from agents.registry import BASELINES, EvalSpec, make_controller
 from agents.report import figures_table, markdown_table, plot, write_json
 from env.engine_choice import EngineChoice
@@ -143,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         traces = cfg.names(cfg.trace, "--trace")
         if cfg.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
+        if cfg.oracle.arrivals != "trace":
+            raise ValueError(f"--oracle.arrivals {cfg.oracle.arrivals}: the oracle row is the "
+                             f"upper bound and sees the trace; name {FORECAST_NAME} among "
+                             "--controllers for its search on forecast arrivals")
         profile = cfg.spec()
         config = cfg.engine_config()
         tuning = (tuple(float(x) for x in cfg.tuning_scales.split(",") if x.strip())

@@ -106,6 +106,15 @@ def test_evaluate_command_refuses_an_unknown_controller():
     assert "unknown controller 'magic'" in out.stderr
 
 
+def test_evaluate_command_keeps_the_oracle_row_on_the_trace_future():
+    out = subprocess.run([sys.executable, "-m", "agents.evaluate", "--controllers", "oracle",
+                          "--oracle.arrivals", "repeat"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "--oracle.arrivals repeat: the oracle row is the upper bound" in out.stderr
+    assert "oracle-forecast" in out.stderr
+
+
 def test_arena_rows_carry_the_per_class_figures_and_the_lever_counts(tmp_path):
     from agents.arena import _row_job
     from agents.registry import EvalSpec
