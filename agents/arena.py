@@ -39,7 +39,7 @@ import numpy as np
 
 from agents.controllers.best_static import GRID, RATIO_KNOB, BestStatic, BestStaticController
 from agents.figures import REFERENCE, TARGET, issue_figures
-from agents.oracle import FORECAST_NAME, ORACLE_NAME, OracleConfig
+from agents.oracle import ORACLE_NAME, SEARCH_NAMES, OracleConfig
 from agents.parallel import JobRunner
 from agents.registry import EvalSpec, best_static, make_controller
 from env.replay import replay
@@ -371,7 +371,7 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
     picks: dict[str, dict[float, BestStatic]] = {}
     for t in traces:
         resolve_trace(t)
-        if {"best-static", ORACLE_NAME, FORECAST_NAME} & set(controllers):
+        if {"best-static", *SEARCH_NAMES} & set(controllers):
             make_controller("best-static", specs[t])
         picks[t] = {r: best_static(specs[t], r) for r in frontier_ratios}
     jobs = [(specs[t], c, s, True) for t in traces for c in controllers for s in scales]
@@ -443,6 +443,6 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
             "past_capacity": past_capacity_table(rows, cap), "frontier": frontier,
             "figures": figures, "deployment": deployment(config),
             "oracle": (dataclasses.asdict(oracle)
-                       if {ORACLE_NAME, FORECAST_NAME} & set(controllers) else None),
+                       if set(SEARCH_NAMES) & set(controllers) else None),
             "split": part, "interval_s": interval_s,
             "profile": Profile.load(profile_path).name, "wall_s": time.perf_counter() - t0}

@@ -36,7 +36,7 @@ from agents.arena import (
     evaluate,
 )
 from agents.figures import REFERENCE
-from agents.oracle import FORECAST_NAME, ORACLE_NAME, OracleConfig
+from agents.oracle import CAUSAL_NAME, FORECAST_NAME, ORACLE_NAME, OracleConfig
 from agents.registry import BASELINES, EvalSpec, make_controller
 from agents.report import figures_table, markdown_table, plot, write_json
 from env.engine_choice import EngineChoice
@@ -55,7 +55,8 @@ class Config(ProfileChoice, EngineChoice):
     controllers: str = ",".join(BASELINES)
     """controllers, comma-separated: static, best-static, pid, aimd, heuristic, oracle (the
     lookahead oracle: an upper bound), oracle-forecast (its search on a persistence forecast of
-    the arrivals: how much of its gain is foresight), policy:PATH (an ONNX policy, or a policy
+    the arrivals: how much of its gain is foresight), oracle-causal (arrivals and output lengths
+    forecast: what a controller could know), policy:PATH (an ONNX policy, or a policy
     set's JSON: each trace gets its workload's policy), module:factory"""
     rate_scales: str = "1,2,4,8"
     """rate scales, comma-separated positive numbers (2 = twice the trace's request rate)"""
@@ -143,10 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         traces = cfg.names(cfg.trace, "--trace")
         if cfg.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {cfg.workers}")
-        if cfg.oracle.arrivals != "trace":
-            raise ValueError(f"--oracle.arrivals {cfg.oracle.arrivals}: the oracle row is the "
-                             f"upper bound and sees the trace; name {FORECAST_NAME} among "
-                             "--controllers for its search on forecast arrivals")
+        if cfg.oracle.arrivals != "trace" or cfg.oracle.output_lengths != "trace":
+            raise ValueError(f"--oracle.arrivals {cfg.oracle.arrivals} --oracle.output-lengths "
+                             f"{cfg.oracle.output_lengths}: the oracle row is the upper bound "
+                             f"and sees the trace; name {FORECAST_NAME} or {CAUSAL_NAME} among "
+                             "--controllers for its search on forecasts")
         profile = cfg.spec()
         config = cfg.engine_config()
         tuning = (tuple(float(x) for x in cfg.tuning_scales.split(",") if x.strip())

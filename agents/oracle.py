@@ -52,7 +52,7 @@ import numpy as np
 from runtime.decider.decision import Decision, decided_by
 from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.engine import Engine
-from runtime.engine.request import Request
+from runtime.engine.request import Request, Status
 from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, Knobs
 
 ORACLE_NAME = "oracle"
@@ -64,6 +64,15 @@ FORECAST_NAME = "oracle-forecast"
 ``repeat``): not an upper bound, and not judged as one"""
 FORECAST_LABEL = "oracle's search, arrivals forecast"
 """how tables name its row"""
+CAUSAL_NAME = "oracle-causal"
+"""the oracle's search on forecast arrivals and forecast output lengths (``arrivals`` ``repeat``
+and ``output_lengths`` ``forecast``): it knows nothing a controller could not"""
+CAUSAL_LABEL = "oracle's search, arrivals and lengths forecast"
+"""how tables name its row"""
+SEARCH_NAMES = (ORACLE_NAME, FORECAST_NAME, CAUSAL_NAME)
+"""every controller name the oracle's search runs under"""
+LENGTH_HISTORY_S = 120.0
+"""seconds of past arrivals whose finished requests make the output-length forecast"""
 
 
 @dataclass(frozen=True)
@@ -257,6 +266,10 @@ class OracleConfig:
     the last ``horizon_s`` of arrivals again, ``horizon_s`` later (a persistence forecast: the
     same search without sight of the future arrivals, to measure how much of the oracle's gain
     is foresight; it still knows the output lengths of the requests in flight)"""
+    output_lengths: Literal["trace", "forecast"] = "trace"
+    """how long the requests in the forks run: their true output lengths (``trace``), or a
+    forecast from the requests finished so far (``forecast``, :func:`length_forecast`; only
+    with ``arrivals`` ``repeat``: then the search knows nothing a controller could not)"""
 
     def __post_init__(self) -> None:
         for name in ("period_s", "horizon_s"):
@@ -267,6 +280,12 @@ class OracleConfig:
         if self.arrivals not in ("trace", "repeat"):
             raise ValueError(f"OracleConfig.arrivals must be 'trace' or 'repeat', got "
                              f"{self.arrivals!r}")
+        if self.output_lengths not in ("trace", "forecast"):
+            raise ValueError(f"OracleConfig.output_lengths must be 'trace' or 'forecast', got "
+                             f"{self.output_lengths!r}")
+        if self.output_lengths == "forecast" and self.arrivals != "repeat":
+            raise ValueError("OracleConfig.output_lengths 'forecast' needs arrivals 'repeat': "
+                             "a search that sees the trace's arrivals sees their lengths too")
         if not (math.isfinite(self.violation_weight) and self.violation_weight >= 0):
             raise ValueError("OracleConfig.violation_weight must be a finite number >= 0, got "
                              f"{self.violation_weight}")
@@ -276,13 +295,14 @@ class OracleConfig:
 def score_setting(engine: Engine, setting: Setting, horizon_s: float,
                   violation_weight: float = 1.0, *, hold_s: float | None = None,
                   tail: Setting | None = None, batch_token_value: float = 0.0,
-                  memory_price: float = 0.0, arrivals: Sequence[Request] | None = None) -> float:
+                  memory_price: float = 0.0, arrivals: Sequence[Request] | None = None,
+                  output_tokens: Callable[[Request], int] | None = None) -> float:
     """Fork ``engine``, apply ``setting``, run it ``horizon_s`` ahead and score the horizon:
     met - violation_weight * violations. With ``hold_s`` and ``tail``, ``setting`` holds for
     ``hold_s`` only and ``tail`` runs the rest of the horizon. With ``arrivals`` the fork sees
-    those arrive instead of the trace's future (:meth:`Engine.fork`). ``engine`` is left as it
-    was."""
-    fork = engine.fork(horizon_s, arrivals)
+    those arrive instead of the trace's future, and with ``output_tokens`` its requests run as
+    long as that forecasts (:meth:`Engine.fork`). ``engine`` is left as it was."""
+    fork = engine.fork(horizon_s, arrivals, output_tokens)
     fork.collect_interval()  # count from now: the fork inherits the open interval's counters
     setting.apply(fork)
     end = engine.now + horizon_s
@@ -310,12 +330,14 @@ def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
            violation_weight: float = 1.0, current: Setting | None = None,
            hold_s: float | None = None, tail: Setting | None = None,
            batch_token_value: float = 0.0, memory_price: float = 0.0,
-           arrivals: Sequence[Request] | None = None) -> Search:
+           arrivals: Sequence[Request] | None = None,
+           output_tokens: Callable[[Request], int] | None = None) -> Search:
     """Score every candidate on its own fork of ``engine`` (see :func:`score_setting`); keep
     the best (ties: ``current`` if it is among the best, else the earliest)."""
     scores = tuple(score_setting(engine, s, horizon_s, violation_weight, hold_s=hold_s,
                                  tail=tail, batch_token_value=batch_token_value,
-                                 memory_price=memory_price, arrivals=arrivals)
+                                 memory_price=memory_price, arrivals=arrivals,
+                                 output_tokens=output_tokens)
                    for s in candidates)
     top = max(scores)
     best = next(s for s, v in zip(candidates, scores) if v == top)
@@ -325,6 +347,35 @@ def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
                 best = current
                 break
     return Search(best, scores)
+
+
+def length_forecast(history: Sequence[Request]) -> Callable[[Request], int]:
+    """An output-length forecast from the requests of ``history`` that have finished: a request
+    of class ``c`` that has generated ``k`` tokens runs to the mean output length of the
+    finished requests of class ``c`` longer than ``k`` (the conditional mean, rounded); with
+    none such, to twice what it has (at least one more)."""
+    done: dict[str, list[int]] = {}
+    for r in history:
+        if r.status == Status.FINISHED:
+            done.setdefault(r.slo_class, []).append(r.output_tokens)
+    tables = {}
+    for c, lengths in done.items():
+        ordered = np.sort(np.asarray(lengths, dtype=np.int64))
+        # tail[i]: the sum of ordered[i:] (tail[n] = 0)
+        tail = np.concatenate((np.cumsum(ordered[::-1])[::-1], [0]))
+        tables[c] = (ordered, tail)
+
+    def forecast(r: Request) -> int:
+        k = r.num_output_tokens
+        table = tables.get(r.slo_class)
+        if table is not None:
+            ordered, tail = table
+            i = int(np.searchsorted(ordered, k, side="right"))
+            if i < len(ordered):
+                return round(int(tail[i]) / (len(ordered) - i))
+        return max(2 * k, k + 1)
+
+    return forecast
 
 
 class LookaheadOracle:
@@ -342,9 +393,12 @@ class LookaheadOracle:
     def __init__(self, config: OracleConfig | None = None, *, anchor: Setting | Knobs | None = None,
                  interval_s: float = 0.25) -> None:
         self.config = config if config is not None else OracleConfig()
-        forecast = self.config.arrivals == "repeat"
-        self.name = FORECAST_NAME if forecast else ORACLE_NAME
-        self.label = FORECAST_LABEL if forecast else ORACLE_LABEL
+        if self.config.output_lengths == "forecast":
+            self.name, self.label = CAUSAL_NAME, CAUSAL_LABEL
+        elif self.config.arrivals == "repeat":
+            self.name, self.label = FORECAST_NAME, FORECAST_LABEL
+        else:
+            self.name, self.label = ORACLE_NAME, ORACLE_LABEL
         if anchor is not None:
             anchor = anchor if isinstance(anchor, Setting) else Setting(anchor)
             # knobs the grid leaves out keep the anchor's (the deployment's batch share, slack)
@@ -384,12 +438,15 @@ class LookaheadOracle:
             rollout = cfg.rollout and self.anchor is not None
             arrivals = (self._engine.repeated_arrivals(cfg.horizon_s)
                         if cfg.arrivals == "repeat" else None)
+            lengths = (length_forecast(self._engine.arrived_within(LENGTH_HISTORY_S))
+                       if cfg.output_lengths == "forecast" else None)
             found = search(self._engine, self.candidates, cfg.horizon_s,
                            violation_weight=cfg.violation_weight, current=self.current,
                            hold_s=self.every * self.interval_s if rollout else None,
                            tail=self.anchor if rollout else None,
                            batch_token_value=cfg.batch_token_value,
-                           memory_price=cfg.memory_price, arrivals=arrivals)
+                           memory_price=cfg.memory_price, arrivals=arrivals,
+                           output_tokens=lengths)
             self.last_search = found
             self.current = found.best
             self.searches += 1

@@ -5,7 +5,8 @@ Names: ``static`` (the static default, or ``static_knobs``), ``best-static`` (a 
 the trace's training split, cached), ``pid``, ``aimd``, ``heuristic``, ``oracle`` (the lookahead
 oracle anchored on best static: an upper bound that reads the engine), ``oracle-forecast`` (the
 same search on a persistence forecast of the arrivals instead of the trace's future: how much of
-the oracle's gain is foresight; not an upper bound), ``policy:PATH`` (an ONNX
+the oracle's gain is foresight; not an upper bound), ``oracle-causal`` (and the output lengths
+forecast too: the search knowing nothing a controller could not), ``policy:PATH`` (an ONNX
 policy through the guarded decider; PATH may be a policy set, which gives each trace its
 workload's policy) and ``module:factory`` (any importable factory called with
 no arguments that returns a :class:`runtime.decider.controller.Controller`).
@@ -18,7 +19,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agents.oracle import FORECAST_NAME, ORACLE_NAME, OracleConfig
+from agents.oracle import CAUSAL_NAME, ORACLE_NAME, SEARCH_NAMES, OracleConfig
 from runtime.decider.controller import Controller, StaticController
 from runtime.decider.pid import PidController
 from runtime.engine.engine import EngineConfig
@@ -95,14 +96,15 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
 
         best = best_static(spec)
         return BestStaticController(best.knobs, best.admission)
-    if name in (ORACLE, FORECAST_NAME):
+    if name in SEARCH_NAMES:
         from agents.oracle import LEVERS, LookaheadOracle, Setting
 
         best = best_static(spec)
         levers = (() if best.admission == spec.config.admission
                   else (("admission", LEVERS["admission"].parse(best.admission)),))
-        config = (spec.oracle if name == ORACLE
-                  else dataclasses.replace(spec.oracle, arrivals="repeat"))
+        config = (spec.oracle if name == ORACLE else dataclasses.replace(
+            spec.oracle, arrivals="repeat",
+            output_lengths="forecast" if name == CAUSAL_NAME else "trace"))
         return LookaheadOracle(config, anchor=Setting(best.knobs, levers),
                                interval_s=spec.interval_s)
     if name == "pid":
@@ -128,4 +130,4 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
                              "or reset()")
         return obj
     raise ValueError(f"unknown controller {name!r}; expected one of {', '.join(BASELINES)}, "
-                     f"{ORACLE}, {FORECAST_NAME}, policy:PATH or module:factory")
+                     f"{', '.join(SEARCH_NAMES)}, policy:PATH or module:factory")

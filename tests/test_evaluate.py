@@ -111,7 +111,8 @@ def test_evaluate_command_keeps_the_oracle_row_on_the_trace_future():
                           "--oracle.arrivals", "repeat"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
-    assert "--oracle.arrivals repeat: the oracle row is the upper bound" in out.stderr
+    assert "--oracle.arrivals repeat --oracle.output-lengths trace: the oracle row is the upper" \
+        " bound" in out.stderr
     assert "oracle-forecast" in out.stderr
 
 

@@ -14,10 +14,12 @@ import pytest
 from agents import oracle_label
 from agents.arena import is_upper_bound, run_episode
 from agents.oracle import (
+    CAUSAL_NAME,
     FORECAST_NAME,
     LookaheadOracle,
     OracleConfig,
     Setting,
+    length_forecast,
     parse_candidates,
     score_setting,
     search,
@@ -28,6 +30,7 @@ from env.traces.trace import Trace
 from runtime.decider.controller import StaticController
 from runtime.engine.engine import Engine
 from runtime.engine.request import RejectReason, Request, Status, _slot_copier
+from runtime.engine.state import FINISH
 from runtime.knobs import KNOB_NAMES, NUM_KNOBS, Knobs, knobs_to_action
 from runtime.observation import OBS_DIM
 from tests.engine_factory import hand_profile, make_engine, random_workload
@@ -431,3 +434,50 @@ def test_the_forecast_oracle_is_named_apart_from_the_upper_bound():
     assert make_controller(ORACLE, EvalSpec("synthetic", "eval", None, 0.25)).name == ORACLE
     with pytest.raises(ValueError, match="arrivals must be 'trace' or 'repeat'"):
         OracleConfig(arrivals="psychic")  # type: ignore[arg-type]
+
+
+def test_the_length_forecast_is_the_mean_of_the_finished_requests_longer_than_what_was_made():
+    def finished(length: int, cls: str = "interactive") -> Request:
+        r = Request(0, 0.0, 10, length, cls, 1.0, 0.05)
+        r.status = Status.FINISHED
+        return r
+
+    running = Request(1, 0.0, 10, 999, "interactive", 1.0, 0.05)
+    running.status = Status.RUNNING
+    forecast = length_forecast([finished(10), finished(20), finished(60), running,
+                                finished(500, "batch")])
+    fresh = Request(2, 0.0, 10, 999, "interactive", 1.0, 0.05)
+    assert forecast(fresh) == 30  # (10 + 20 + 60) / 3: the request in flight is not counted
+    fresh.num_output_tokens = 15
+    assert forecast(fresh) == 40  # longer than 15: (20 + 60) / 2
+    fresh.num_output_tokens = 60
+    assert forecast(fresh) == 120  # none longer: twice what it has
+    assert forecast(Request(3, 0.0, 10, 7, "batch", 1.0, 0.05)) == 500
+    assert forecast(Request(4, 0.0, 10, 7, "other", 1.0, 0.05)) == 1  # no history: one token
+
+
+def test_a_fork_on_forecast_lengths_runs_each_request_to_its_forecast_and_moves_its_deadline():
+    e = make_engine()
+    e.add_requests([0.0, 0.0], [100, 100], [50, 50])
+    e.run_until(0.3)  # both decoding, a few tokens each
+    made = [r.num_output_tokens for r in e.requests]
+    assert all(0 < m < 50 for m in made)
+    f = e.fork(10.0, [], output_tokens=lambda r: r.num_output_tokens + 5)
+    assert [r.output_tokens for r in f.requests] == [m + 5 for m in made]
+    assert [r.output_tokens for r in e.requests] == [50, 50]  # the original keeps its own
+    tpot = {r.req_id: t for t, _, kind, r in f._deadlines if kind == FINISH}
+    for r, m in zip(f.requests, made):
+        assert tpot[r.req_id] == pytest.approx(r.first_token_s + r.tpot_target_s * (m + 4))
+    f.run_until(5.0)
+    assert [r.num_output_tokens for r in f.requests] == [m + 5 for m in made]
+    assert all(r.status == Status.FINISHED for r in f.requests)
+    f.check_invariants()
+
+
+def test_the_causal_search_is_its_own_controller_and_needs_forecast_arrivals():
+    c = make_controller(CAUSAL_NAME, EvalSpec("synthetic", "eval", None, 0.25))
+    assert c.name == CAUSAL_NAME and c.config.output_lengths == "forecast"
+    assert c.config.arrivals == "repeat" and not is_upper_bound(c.name)
+    assert short_name(CAUSAL_NAME) == "oracle's search, arrivals and lengths forecast"
+    with pytest.raises(ValueError, match="output_lengths 'forecast' needs arrivals 'repeat'"):
+        OracleConfig(output_lengths="forecast")

@@ -65,7 +65,7 @@ import heapq
 import math
 import operator
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from runtime.engine.block_pool import BlockPool
@@ -75,6 +75,7 @@ from runtime.engine.metrics import IntervalStats, SummaryAccumulator
 from runtime.engine.observing import ObservingMixin
 from runtime.engine.queues import QueuesMixin
 from runtime.engine.request import Request, Status
+from runtime.engine.state import FINISH
 from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, Knobs
 
 __all__ = ["MAX_ARRIVAL_S", "Engine", "EngineConfig"]
@@ -437,26 +438,30 @@ class Engine(QueuesMixin, ObservingMixin):
                 t = max(t, arrival)
             self.run_until(min(t, max_time_s))
 
-    def repeated_arrivals(self, span_s: float) -> list[Request]:
-        """A persistence forecast of the next ``span_s`` seconds of traffic, for
-        ``fork(arrivals=...)``: the requests that arrived in the last ``span_s`` (``now - span_s <
-        arrival <= now``), again, each ``span_s`` later. Fresh requests (not yet arrived, ids no
-        other request has) with the same lengths, SLO class and targets: what a controller that
-        cannot see the future may assume comes next."""
-        if not span_s > 0:
-            raise ValueError(f"a forecast spans a positive number of seconds, got {span_s}")
+    def arrived_within(self, span_s: float) -> list[Request]:
+        """The requests that arrived in the last ``span_s`` seconds (``now - span_s < arrival <=
+        now``), in arrival order: what a controller that cannot see the future knows of the
+        traffic. The engine's own objects: read them, do not change them."""
         requests = self.requests
         now = self.now
         hi = bisect.bisect_right(requests, now, key=_arrival)
-        lo = bisect.bisect_right(requests, now - span_s, hi=hi, key=_arrival)
+        return requests[bisect.bisect_right(requests, now - span_s, hi=hi, key=_arrival):hi]
+
+    def repeated_arrivals(self, span_s: float) -> list[Request]:
+        """A persistence forecast of the next ``span_s`` seconds of traffic, for
+        ``fork(arrivals=...)``: the requests that arrived in the last ``span_s``
+        (:meth:`arrived_within`), again, each ``span_s`` later. Fresh requests (not yet arrived,
+        ids no other request has) with the same lengths, SLO class and targets."""
+        if not span_s > 0:
+            raise ValueError(f"a forecast spans a positive number of seconds, got {span_s}")
         base = self._num_added
         return [Request(base + i, r.arrival_s + span_s, r.prompt_tokens, r.output_tokens,
                         r.slo_class, r.ttft_target_s, r.tpot_target_s,
                         r.deadline_s - r.arrival_s if r.is_batch else None)
-                for i, r in enumerate(requests[lo:hi])]
+                for i, r in enumerate(self.arrived_within(span_s))]
 
-    def fork(self, horizon_s: float = math.inf,
-             arrivals: Sequence[Request] | None = None) -> Engine:
+    def fork(self, horizon_s: float = math.inf, arrivals: Sequence[Request] | None = None,
+             output_tokens: Callable[[Request], int] | None = None) -> Engine:
         """An independent copy of the engine now, to try settings ahead (a lookahead oracle).
 
         The copy holds its own requests in flight (in any queue), its own copies of the
@@ -464,12 +469,15 @@ class Engine(QueuesMixin, ObservingMixin):
         for a short look ahead does not copy the rest of the trace; with ``arrivals``, copies of
         those instead of the trace's future: a forecast, requests in arrival order after ``now``
         with ids no other request has, while requests that have already arrived but not yet been
-        taken in are kept), its own block pool, deadline
-        heap, interval counters and executor. Its ``requests`` list holds only those copies:
-        finished requests stay with the original, so the fork's :meth:`summary` covers what it
-        ran, not the whole replay. The configuration, memory model, knobs and co-tenant demand
-        are shared (they are never changed in place). Any other state is deep-copied, so a
-        field added to the engine is copied too unless it is listed here as shared.
+        taken in are kept), its own block pool, deadline heap, interval counters and executor.
+        With ``output_tokens``, every request of the copy gets the output length that function
+        forecasts for it (at least one token more than it has, within the model's length)
+        instead of its true one, and the TPOT deadlines that hang on it move with it: a fork
+        that does not know how long requests will run. Its ``requests`` list holds only those
+        copies: finished requests stay with the original, so the fork's :meth:`summary` covers
+        what it ran, not the whole replay. The configuration, memory model, knobs and co-tenant
+        demand are shared (they are never changed in place). Any other state is deep-copied, so
+        a field added to the engine is copied too unless it is listed here as shared.
 
         Raises TypeError when the executor cannot fork (one that holds device memory).
         """
@@ -507,9 +515,21 @@ class Engine(QueuesMixin, ObservingMixin):
         seen = cast(dict[int, Request], memo)
         clone._deadlines = [(t, i, kind, seen[id(r)] if id(r) in seen else r.__deepcopy__(memo))
                             for t, i, kind, r in self._deadlines if r.status < Status.FINISHED]
-        heapq.heapify(clone._deadlines)
         copies.extend(v for v in memo.values() if type(v) is Request)
         copies.extend(pending)
         copies.sort(key=_request_id)
+        if output_tokens is not None:
+            for r in copies:
+                room = self.max_model_len - r.prompt_tokens
+                r.output_tokens = max(r.num_output_tokens + 1, min(int(output_tokens(r)), room))
+            deadlines = []
+            for t, i, kind, r in clone._deadlines:
+                if kind == FINISH and not r.is_batch:  # the TPOT deadline, set at the first token
+                    if r.output_tokens < 2 or r.first_token_s is None:
+                        continue  # judged on its first token alone
+                    t = r.first_token_s + r.tpot_target_s * (r.output_tokens - 1)
+                deadlines.append((t, i, kind, r))
+            clone._deadlines = deadlines
+        heapq.heapify(clone._deadlines)
         clone._next_pending = 0
         return clone
