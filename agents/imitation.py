@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from agents.oracle import FORECAST_NAME, ORACLE_NAME, LookaheadOracle, OracleConfig, Setting
+from agents.oracle import ORACLE_NAME, LookaheadOracle, OracleConfig, Setting, search_name
 from agents.oracle_label import Labels, label_window
 from env.traces.trace import Trace
 from runtime.engine.engine import EngineConfig
@@ -74,7 +74,7 @@ class ImitationReport:
     """What the warm start did, for the card."""
 
     teacher: str = ORACLE_NAME
-    """who labelled: the oracle, or its search on forecast arrivals (``FORECAST_NAME``)"""
+    """who labelled: the oracle, or its search on forecast arrivals (its controller name)"""
     rounds: list[dict] = field(default_factory=list)
     """per round: labels, held-out action MSE before and after cloning, seconds"""
 
@@ -145,13 +145,15 @@ def clone(policy, observations: np.ndarray, actions: np.ndarray, *, epochs: int 
     return losses
 
 
+def oracle_config(cfg: ImitationConfig, interval_s: float) -> OracleConfig:
+    """The labelling oracle's configuration: one search per decision interval."""
+    return OracleConfig(period_s=interval_s, horizon_s=cfg.horizon_s, candidates=cfg.candidates,
+                        memory_price=cfg.memory_price, arrivals=cfg.arrivals)
+
+
 def oracle_for(cfg: ImitationConfig, anchor: Setting | None, interval_s: float) -> LookaheadOracle:
-    """A labelling oracle: one search per decision interval."""
-    return LookaheadOracle(OracleConfig(period_s=interval_s, horizon_s=cfg.horizon_s,
-                                        candidates=cfg.candidates,
-                                        memory_price=cfg.memory_price,
-                                        arrivals=cfg.arrivals),
-                           anchor=anchor, interval_s=interval_s)
+    """A labelling oracle (:func:`oracle_config`)."""
+    return LookaheadOracle(oracle_config(cfg, interval_s), anchor=anchor, interval_s=interval_s)
 
 
 def oracle_labels(windows: Sequence[tuple[Trace, float]], cfg: ImitationConfig,
@@ -313,7 +315,7 @@ def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, 
     """
     from agents.parallel import run_jobs
 
-    report = ImitationReport(FORECAST_NAME if cfg.arrivals == "repeat" else ORACLE_NAME)
+    report = ImitationReport(search_name(oracle_config(cfg, interval_s)))
     t0 = time.perf_counter()
     labels = Labels()
     first = 0

@@ -60,16 +60,18 @@ ORACLE_NAME = "oracle"
 ORACLE_LABEL = "oracle (upper bound)"
 """how every table names the oracle's row"""
 FORECAST_NAME = "oracle-forecast"
-"""the controller name of the oracle's search on forecast arrivals (``OracleConfig.arrivals``
-``repeat``): not an upper bound, and not judged as one"""
-FORECAST_LABEL = "oracle's search, arrivals forecast"
-"""how tables name its row"""
+"""the controller name of the oracle's search on forecast arrivals: not an upper bound"""
 CAUSAL_NAME = "oracle-causal"
-"""the oracle's search on forecast arrivals and forecast output lengths (``arrivals`` ``repeat``
-and ``output_lengths`` ``forecast``): it knows nothing a controller could not"""
-CAUSAL_LABEL = "oracle's search, arrivals and lengths forecast"
-"""how tables name its row"""
-SEARCH_NAMES = (ORACLE_NAME, FORECAST_NAME, CAUSAL_NAME)
+"""the controller name of its search on forecast arrivals and output lengths: it knows nothing a
+controller could not"""
+SEARCHES: dict[str, tuple[str, str, str]] = {
+    ORACLE_NAME: ("trace", "trace", ORACLE_LABEL),
+    FORECAST_NAME: ("repeat", "trace", "oracle's search, arrivals forecast"),
+    CAUSAL_NAME: ("repeat", "forecast", "oracle's search, arrivals and lengths forecast"),
+}
+"""every controller the oracle's search runs as: name -> (``OracleConfig.arrivals``,
+``OracleConfig.output_lengths``, how tables name its row)"""
+SEARCH_NAMES = tuple(SEARCHES)
 """every controller name the oracle's search runs under"""
 LENGTH_HISTORY_S = 120.0
 """seconds of past arrivals whose finished requests make the output-length forecast"""
@@ -349,6 +351,18 @@ def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
     return Search(best, scores)
 
 
+def search_name(config: OracleConfig) -> str:
+    """The controller name of the search ``config`` runs (:data:`SEARCHES`)."""
+    return next(name for name, (arrivals, lengths, _) in SEARCHES.items()
+                if (arrivals, lengths) == (config.arrivals, config.output_lengths))
+
+
+def search_config(name: str, config: OracleConfig) -> OracleConfig:
+    """``config`` with what the search named ``name`` sees (:data:`SEARCHES`)."""
+    arrivals, lengths, _ = SEARCHES[name]
+    return dataclasses.replace(config, arrivals=arrivals, output_lengths=lengths)
+
+
 def length_forecast(history: Sequence[Request]) -> Callable[[Request], int]:
     """An output-length forecast from the requests of ``history`` that have finished: a request
     of class ``c`` that has generated ``k`` tokens runs to the mean output length of the
@@ -381,8 +395,8 @@ def length_forecast(history: Sequence[Request]) -> Callable[[Request], int]:
 class LookaheadOracle:
     """A controller that sees the future: bound to a session, it searches the candidates on
     forks of the session's engine every ``config.period_s`` and keeps the best. With
-    ``config.arrivals`` ``repeat`` it does not see the future arrivals (it is then named
-    :data:`FORECAST_NAME`, and is no upper bound).
+    ``config.arrivals`` ``repeat`` it does not see the future arrivals, and is no upper bound
+    (its name and label are then :data:`SEARCHES`'s for its config: :func:`search_name`).
 
     :param config: period, horizon, candidate grid and score weight
     :param anchor: a setting put first among the candidates (best static's, in the arena), so
@@ -393,12 +407,8 @@ class LookaheadOracle:
     def __init__(self, config: OracleConfig | None = None, *, anchor: Setting | Knobs | None = None,
                  interval_s: float = 0.25) -> None:
         self.config = config if config is not None else OracleConfig()
-        if self.config.output_lengths == "forecast":
-            self.name, self.label = CAUSAL_NAME, CAUSAL_LABEL
-        elif self.config.arrivals == "repeat":
-            self.name, self.label = FORECAST_NAME, FORECAST_LABEL
-        else:
-            self.name, self.label = ORACLE_NAME, ORACLE_LABEL
+        self.name = search_name(self.config)
+        self.label = SEARCHES[self.name][2]
         if anchor is not None:
             anchor = anchor if isinstance(anchor, Setting) else Setting(anchor)
             # knobs the grid leaves out keep the anchor's (the deployment's batch share, slack)

@@ -14,12 +14,11 @@ no arguments that returns a :class:`runtime.decider.controller.Controller`).
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from agents.oracle import CAUSAL_NAME, ORACLE_NAME, SEARCH_NAMES, OracleConfig
+from agents.oracle import ORACLE_NAME, SEARCH_NAMES, OracleConfig
 from runtime.decider.controller import Controller, StaticController
 from runtime.decider.pid import PidController
 from runtime.engine.engine import EngineConfig
@@ -97,15 +96,13 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
         best = best_static(spec)
         return BestStaticController(best.knobs, best.admission)
     if name in SEARCH_NAMES:
-        from agents.oracle import LEVERS, LookaheadOracle, Setting
+        from agents.oracle import LEVERS, LookaheadOracle, Setting, search_config
 
         best = best_static(spec)
         levers = (() if best.admission == spec.config.admission
                   else (("admission", LEVERS["admission"].parse(best.admission)),))
-        config = (spec.oracle if name == ORACLE else dataclasses.replace(
-            spec.oracle, arrivals="repeat",
-            output_lengths="forecast" if name == CAUSAL_NAME else "trace"))
-        return LookaheadOracle(config, anchor=Setting(best.knobs, levers),
+        return LookaheadOracle(search_config(name, spec.oracle),
+                               anchor=Setting(best.knobs, levers),
                                interval_s=spec.interval_s)
     if name == "pid":
         return PidController(static=static)

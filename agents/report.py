@@ -12,14 +12,7 @@ from pathlib import Path
 
 from agents.arena import RATIO_KNOB, is_upper_bound
 from agents.figures import REFERENCE
-from agents.oracle import (
-    CAUSAL_LABEL,
-    CAUSAL_NAME,
-    FORECAST_LABEL,
-    FORECAST_NAME,
-    ORACLE_LABEL,
-    ORACLE_NAME,
-)
+from agents.oracle import ORACLE_LABEL, SEARCHES
 from runtime.knobs import KNOB_NAMES, KNOB_SPECS
 
 
@@ -30,8 +23,7 @@ def short_name(controller: str) -> str:
         path = Path(controller.split(":", 1)[1])
         folder = path.parent.name or "onnx"
         return f"policy:{folder}" if path.name == "policy.onnx" else f"policy:{folder}/{path.stem}"
-    return {ORACLE_NAME: ORACLE_LABEL, FORECAST_NAME: FORECAST_LABEL,
-            CAUSAL_NAME: CAUSAL_LABEL}.get(controller, controller)
+    return SEARCHES[controller][2] if controller in SEARCHES else controller
 
 
 def _fmt(x: float | None, spec: str) -> str:
