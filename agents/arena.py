@@ -210,31 +210,34 @@ def _row_job(args: tuple) -> dict:
 
 def find_capacity(attainment: Callable[[float], float], target: float,
                   known: dict[float, float], *, tolerance: float = 0.02,
-                  lowest: float = 1 / 64, highest: float = 64.0) -> float:
+                  lowest: float = 1 / 64, highest: float = 64.0, start: float = 1.0) -> float:
     """The largest rate scale with attainment >= ``target``, by geometric bisection until the
-    bracket is within ``tolerance``. ``known`` holds scales already measured (and gets the new
-    ones). Returns 0 when even ``lowest`` misses, ``highest`` when it never misses."""
+    bracket is within ``tolerance``. Returns 0 when even ``lowest`` misses, ``highest`` when it
+    never misses.
+
+    The loads probed lie on one fixed grid: ``start`` doubled or halved until the target is
+    bracketed, then geometric midpoints. ``known`` (scales already measured, which also gets the
+    new ones) only saves a probe that lands on a scale it holds; it never moves the bracket. So
+    the answer depends on the controller and the trace alone, not on the loads a run happened to
+    measure first: attainment is not monotone in the load at this resolution, and a bracket taken
+    from those loads found another crossing in another run."""
 
     def att(s: float) -> float:
         if s not in known:
             known[s] = attainment(s)
         return known[s]
 
-    failing = sorted(s for s, a in known.items() if a < target)
-    hi = failing[0] if failing else None
-    if hi is None:
-        hi = max(known) if known else 1.0
+    lo = hi = start
+    if att(start) >= target:
         while att(hi) >= target:
             if hi >= highest:
                 return highest
-            hi = min(highest, hi * 2)
-    passing = sorted(s for s, a in known.items() if a >= target and s < hi)
-    lo = passing[-1] if passing else hi / 2
-    while att(lo) < target:
-        hi = lo
-        if lo <= lowest:
-            return 0.0
-        lo = max(lowest, lo / 2)
+            lo, hi = hi, min(highest, hi * 2)
+    else:
+        while att(lo) < target:
+            if lo <= lowest:
+                return 0.0
+            hi, lo = lo, max(lowest, lo / 2)
     while hi / lo > 1 + tolerance:
         mid = math.sqrt(lo * hi)
         if att(mid) >= target:

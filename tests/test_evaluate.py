@@ -41,6 +41,24 @@ def test_capacity_searches_below_and_above_the_grid():
     assert find_capacity(lambda s: 0.0, 0.9, {1.0: 0.0}) == 0.0
 
 
+def test_capacity_does_not_depend_on_the_loads_already_measured():
+    # attainment not monotone in the load (a dip at 0.45-0.47, a crossing at 0.6): a bracket
+    # taken from the loads a run holds found the dip in one run and the edge in another
+    def attainment(s):
+        return 0.95 if 0.45 <= s <= 0.47 or s > 0.6 else 1.0
+
+    bare = find_capacity(attainment, 0.99, {})
+    for held in ({0.46: attainment(0.46), 0.5: 1.0}, {0.917: 0.95, 0.489: 1.0},
+                 {0.3: 1.0, 0.46: 0.95, 2.0: 0.95}):
+        assert find_capacity(attainment, 0.99, dict(held)) == bare
+    # the loads probed are the same grid with or without a cache of them
+    probed: list[float] = []
+    find_capacity(lambda s: probed.append(s) or attainment(s), 0.99, {})
+    again: list[float] = []
+    find_capacity(lambda s: again.append(s) or attainment(s), 0.99, {0.46: 0.95, 0.5: 1.0})
+    assert set(again) <= set(probed)
+
+
 def test_burst_onsets_and_recovery_on_a_made_up_series():
     interval = 0.25
     rates = np.full(800, 4.0)  # one request per interval, 4 per second
