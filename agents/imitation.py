@@ -32,7 +32,6 @@ from agents.oracle_label import Labels, label_window
 from env.traces.trace import Trace
 from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
-from runtime.knobs import knobs_to_action
 
 
 @dataclass
@@ -213,14 +212,7 @@ def visit_and_label(env, act: Callable[[np.ndarray], np.ndarray],
         done = False
         while not done:
             setting = oracle.decide_setting()
-            labels.observations.append(obs)
-            labels.actions.append(knobs_to_action(setting.knobs))
-            found = oracle.last_search
-            assert found is not None  # decide_setting searches on its first call
-            labels.scores.append(found.scores)
-            labels.window.append(first_index + i)
-            labels.t_s.append(u.session.now)
-            labels.rate_scale.append(scale)
+            labels.add(obs, oracle, setting, first_index + i, u.session.now, scale)
             obs, _, term, trunc, _ = u.step(act(obs))
             done = term or trunc
         labels.sim_s += u.session.now

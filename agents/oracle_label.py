@@ -126,6 +126,21 @@ class Labels:
     def __len__(self) -> int:
         return len(self.observations)
 
+    def add(self, observation: np.ndarray, oracle: LookaheadOracle, setting: Setting,
+            window: int, t_s: float, rate_scale: float) -> None:
+        """One label: ``oracle`` (which has just searched) chose ``setting`` at ``observation``,
+        at engine time ``t_s`` of window ``window`` replayed at ``rate_scale``."""
+        found = oracle.last_search
+        if found is None:
+            raise RuntimeError("Labels.add: the oracle has not searched yet")
+        self.observations.append(observation)
+        self.settings.append(setting_vector(setting, setting_names(oracle.candidates)))
+        self.actions.append(knobs_to_action(setting.knobs))
+        self.scores.append(found.scores)
+        self.window.append(window)
+        self.t_s.append(t_s)
+        self.rate_scale.append(rate_scale)
+
     def extend(self, other: Labels) -> None:
         """Append ``other``'s labels and add its costs."""
         for name in ("observations", "settings", "actions", "scores", "window", "t_s",
@@ -145,18 +160,10 @@ def label_window(window: Trace, oracle: LookaheadOracle, labels: Labels, *, inde
     session = ServingSession(window, interval_s=interval_s, profile=profile, config=config,
                              knobs=DEFAULT_KNOBS)
     oracle.bind(session.engine)
-    names = setting_names(oracle.candidates)
     result = session.step(DEFAULT_KNOBS)
     while not session.window_over:
-        observation = result.observation
-        knobs = oracle.decide(observation).knobs
-        labels.observations.append(observation)
-        labels.settings.append(setting_vector(oracle.current, names))
-        labels.actions.append(knobs_to_action(knobs))
-        labels.scores.append(oracle.last_search.scores)
-        labels.window.append(index)
-        labels.t_s.append(session.now)
-        labels.rate_scale.append(scale)
+        knobs = oracle.decide(result.observation).knobs
+        labels.add(result.observation, oracle, oracle.current, index, session.now, scale)
         result = session.step(knobs)
         if on_label is not None:
             on_label()

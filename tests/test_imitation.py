@@ -26,7 +26,7 @@ from agents.imitation import (
 from agents.oracle import FORECAST_NAME, Setting
 from env.serving_env import ServingEnv
 from env.windows import WindowPool, cut_window
-from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, Knobs, knobs_to_action
+from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, NUM_KNOBS, Knobs, knobs_to_action
 
 pytestmark = pytest.mark.training_stack
 
@@ -94,6 +94,11 @@ def test_dagger_labels_every_state_the_policy_visits_with_the_oracles_choice():
     np.testing.assert_allclose(obs[:, -NUM_KNOBS:], np.tile(knobs_to_action(DEFAULT_KNOBS),
                                                     (len(obs), 1)), atol=1e-6)
     assert set(np.unique(actions[:, 1]).round(3)) <= {-0.5, 0.25, 0.75}
+    # each label keeps the setting it was chosen as, row for row with its action and scores
+    assert len(labels.settings) == len(labels.scores) == len(obs)
+    chunks = np.asarray(labels.settings)[:, KNOB_NAMES.index("prefill_chunk_tokens")]
+    np.testing.assert_allclose([knobs_to_action(Knobs(5.0, int(c), 0.9))[1] for c in chunks],
+                               actions[:, 1], atol=1e-6)
 
 
 def test_labelling_windows_in_two_processes_gives_the_labels_of_one():
