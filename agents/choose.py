@@ -6,8 +6,10 @@
 The rule is the co-tenant memory figure's own (:mod:`agents.figures`): best static's capacity
 at 99% on the split (``L*``) sets the loads (``--loads`` times it: half and all of it by
 default); every candidate runs there beside best static; a candidate whose mean interactive
-attainment over those loads is within ``--within`` (half a point) of best static's is eligible,
-and the eligible one with the least mean KV memory is chosen. Nothing here reads the held-out
+attainment over those loads is within ``--within`` (half a point) of best static's, and which
+attains 99% at ``L*`` itself (``--hold-capacity``: the capacity figure's bar, since one under it
+there has less capacity than best static), is eligible, and the eligible one with the least mean
+KV memory is chosen. Nothing here reads the held-out
 split unless ``--split`` says so: the held-out figures (``python -m agents.evaluate --split
 eval``) stay a test the choice never saw. Prints the table and the ``batchpilot-install-policy``
 command that puts the chosen run into the shipped set (``--json``: one object). A candidate is a
@@ -48,6 +50,11 @@ class Config(ProfileChoice, EngineChoice):
     within: float = MEMORY_ATTAINMENT_SLACK
     """a candidate is eligible when its mean interactive attainment is at most this below best
     static's (0.005: half a point, the memory figure's slack)"""
+    hold_capacity: bool = True
+    """a candidate is eligible only if it also attains 99% interactive at the load 1 (best
+    static's capacity; ``--loads`` must hold 1): the capacity figure's bar. Without it the rule
+    judges the memory figure alone, and chose policies that lend memory at the cost of
+    capacity"""
     tuning_scales: str | None = None
     """rate scales best static is tuned at, comma-separated (default: the registry's)"""
     interval_s: float = DEFAULT_INTERVAL_S
@@ -105,11 +112,14 @@ def deployment_mismatch(choice: EngineChoice, candidate: str) -> str | None:
     return None
 
 
-def rank(rows: list[dict], names: dict[str, str], within: float) -> list[dict]:
+def rank(rows: list[dict], names: dict[str, str], within: float,
+         hold_at: float | None = None) -> list[dict]:
     """One entry per controller of ``rows`` (best static first, then the candidates in the
     order of ``names``: controller name -> candidate as given): its per-load attainment and KV,
     the means, the gap to best static and whether it is eligible; the chosen one (eligible,
-    least mean KV; the first given on a tie) has ``"chosen": True``."""
+    least mean KV; the first given on a tie) has ``"chosen": True``. With ``hold_at`` (a rate
+    scale of the rows: best static's capacity), a candidate under 99% interactive there is not
+    eligible either (``"holds_capacity": False``)."""
     by: dict[str, list[dict]] = {}
     for r in rows:
         by.setdefault(r["controller"], []).append(r)
@@ -132,6 +142,12 @@ def rank(rows: list[dict], names: dict[str, str], within: float) -> list[dict]:
         e = entry(name)
         e["gap"] = e["mean_interactive_attainment"] - ref["mean_interactive_attainment"]
         e["eligible"] = e["gap"] >= -within - 1e-12
+        if hold_at is not None:
+            at = [d for d in e["loads"] if d["rate_scale"] == hold_at]
+            if not at:
+                raise ValueError(f"{name} has no row at x{hold_at:g}, best static's capacity")
+            e["holds_capacity"] = at[0]["interactive_attainment"] >= TARGET - 1e-12
+            e["eligible"] = e["eligible"] and e["holds_capacity"]
         e["chosen"] = False
         out.append(e)
     eligible = [e for e in out[1:] if e["eligible"]]
@@ -152,7 +168,9 @@ def table(entries: list[dict], within: float) -> str:
         else:
             gap = f"{e['gap'] * 100:+.2f} pt"
             verdict = ("**chosen**" if e["chosen"] else "eligible" if e["eligible"]
-                       else f"out: more than {within * 100:g} pt under")
+                       else f"out: more than {within * 100:g} pt under"
+                       if e["gap"] < -within - 1e-12
+                       else f"out: under {TARGET:.0%} at best static's capacity")
         rows.append(f"| {e['candidate']} | " + " | ".join(cells)
                     + f" | {e['mean_interactive_attainment']:.2%} | {gap} | "
                     f"{e['mean_kv_gib']:.2f} | {verdict} |")
@@ -167,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         if not names:
             raise ValueError("--candidates names nothing: give run folders or ONNX files")
         loads = positive_numbers(cfg.loads, "--loads", empty=False)
+        if cfg.hold_capacity and 1.0 not in loads:
+            raise ValueError("--hold-capacity judges the load 1 (best static's capacity): "
+                             "--loads must hold 1, or pass --no-hold-capacity")
         if not 0.0 <= cfg.within <= 1.0:
             raise ValueError(f"--within must be in [0, 1], got {cfg.within}")
         if cfg.workers < 1:
@@ -203,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     scales = [round(m * capacity, 4) for m in loads]
     result = evaluate([cfg.trace], [REFERENCE, *controllers], scales, capacity=False, **common)
-    entries = rank(result["rows"], controllers, cfg.within)
+    entries = rank(result["rows"], controllers, cfg.within,
+                   scales[loads.index(1.0)] if cfg.hold_capacity else None)
     chosen = next((e for e in entries[1:] if e["chosen"]), None)
     workload = trace_label(cfg.trace)
     install = None
@@ -212,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                    f"--workload {workload}")
     if cfg.json:
         print(json.dumps({"trace": workload, "split": cfg.split, "capacity_99": capacity,
-                          "rate_scales": scales, "within": cfg.within, "entries": entries,
+                          "rate_scales": scales, "within": cfg.within,
+                          "hold_capacity": cfg.hold_capacity, "entries": entries,
                           "chosen": chosen["candidate"] if chosen else None,
                           "install": install}))
         return 0
@@ -220,8 +243,9 @@ def main(argv: list[str] | None = None) -> int:
           f" loads {', '.join(f'x{s:.3g}' for s in scales)}\n")
     print(table(entries, cfg.within))
     if chosen is None:
-        print(f"\nno candidate is within {cfg.within * 100:g} pt of best static's attainment: "
-              "keep what the set serves now")
+        print(f"\nno candidate is within {cfg.within * 100:g} pt of best static's attainment"
+              + (f" and at {TARGET:.0%} at its capacity" if cfg.hold_capacity else "")
+              + ": keep what the set serves now")
     else:
         print(f"\nchosen: {chosen['candidate']}" + (f"\ninstall it: {install}" if install else ""))
     return 0
