@@ -66,7 +66,7 @@ def test_loads_are_multiples_of_best_statics_capacity_and_every_candidate_runs_t
     _, result, run = chosen
     assert result["capacity_99"] > 0
     assert result["rate_scales"] == [round(m * result["capacity_99"], 4) for m in (0.5, 1.0)]
-    assert result["hold_capacity"] is True
+    assert result["hold_capacity"] is False
     entries = result["entries"]
     assert [e["candidate"] for e in entries] == [
         "best-static", str(run), str(FIXTURES / "policy-test-2.onnx")]
@@ -89,9 +89,10 @@ def test_the_choice_is_the_eligible_candidate_with_least_memory(chosen):
     for e in cands:
         gap = e["mean_interactive_attainment"] - ref["mean_interactive_attainment"]
         assert e["gap"] == pytest.approx(gap)
-        at_capacity = e["loads"][result["rate_scales"].index(round(result["capacity_99"], 4))]
-        assert e["holds_capacity"] == (at_capacity["interactive_attainment"] >= 0.99)
-        assert e["eligible"] == (gap >= -result["within"] - 1e-12 and e["holds_capacity"])
+        i = result["rate_scales"].index(round(result["capacity_99"], 4))
+        assert e["holds_capacity"] == (e["loads"][i]["interactive_attainment"]
+                                       >= ref["loads"][i]["interactive_attainment"])
+        assert e["eligible"] == (gap >= -result["within"] - 1e-12)  # --hold-capacity is off
     eligible = [e for e in cands if e["eligible"]]
     assert eligible  # both test policies hold this window (no refusal is tested here: see below)
     best = min(eligible, key=lambda e: e["mean_kv_gib"])
@@ -121,24 +122,27 @@ def test_rank_keeps_the_half_point_and_takes_the_least_memory_among_the_eligible
     assert not entries[1]["chosen"]
 
 
-def test_a_candidate_under_99_at_best_statics_capacity_is_out_however_little_memory():
-    rows = [_row("best-static", 1.0, 0.991, 26.0), _row("best-static", 0.5, 1.0, 26.0),
-            _row("a", 1.0, 0.9895, 10.0), _row("a", 0.5, 1.0, 10.0),  # 0.15 pt under, < 99%
-            _row("b", 1.0, 0.990, 15.0), _row("b", 0.5, 1.0, 15.0)]   # 0.1 pt under, 99%
+def test_hold_capacity_puts_out_a_candidate_under_best_static_at_its_capacity():
+    rows = [_row("best-static", 1.0, 0.9894, 26.0), _row("best-static", 0.5, 1.0, 26.0),
+            _row("a", 1.0, 0.9890, 10.0), _row("a", 0.5, 1.0, 10.0),  # under best static at 1
+            _row("b", 1.0, 0.9894, 15.0), _row("b", 0.5, 1.0, 15.0)]  # level with it
     names = {"a": "run-a", "b": "run-b"}
-    judged = rank(rows, names, 0.005, hold_at=1.0)
+    judged = rank(rows, names, 0.005, hold_at=1.0, hold=True)
     assert [(e["holds_capacity"], e["eligible"], e["chosen"]) for e in judged[1:]] == [
         (False, False, False), (True, True, True)]
-    assert "out: under 99% at best static's capacity" in table(judged, 0.005)
-    # the memory figure alone takes the one that lends most
-    assert [e["chosen"] for e in rank(rows, names, 0.005)[1:]] == [True, False]
+    assert "out: under best static at its capacity" in table(judged, 0.005)
+    # by default the column is reported and the memory figure alone decides
+    shown = rank(rows, names, 0.005, hold_at=1.0)
+    assert [(e["holds_capacity"], e["chosen"]) for e in shown[1:]] == [(False, True),
+                                                                         (True, False)]
+    assert "| no |" in table(shown, 0.005) and "| yes |" in table(shown, 0.005)
     with pytest.raises(ValueError, match="no row at x2"):
         rank(rows, names, 0.005, hold_at=2.0)
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--candidates", "tests/fixtures/policy-test-1.onnx", "--loads", "0.5,2"],
-     "--loads must hold 1"),
+    (["--candidates", "tests/fixtures/policy-test-1.onnx", "--loads", "0.5,2",
+      "--hold-capacity"], "--loads must hold 1"),
     (["--candidates", ""], "--candidates names nothing"),
     (["--candidates", "no/such/run"], "no/such/run: no run folder with a policy.onnx"),
     (["--candidates", "tests/fixtures/policy-test-1.onnx", "--loads", "0.5,x"], "--loads"),
