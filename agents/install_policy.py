@@ -9,6 +9,12 @@ or this policy where the folder has none). The server
 then serves it with ``BATCHPILOT_WORKLOAD=<workload>``, and the arena runs it on that trace with
 ``policy:<folder>/policies.json``. The policy is checked by the runtime's decider before
 anything is written: a policy the runtime would refuse is never installed.
+
+``--lend-guard 0.9:0.95`` installs it with a lending guard (:mod:`runtime.decider.lend_guard`:
+while more than 90% of the serving pool is in use, the KV ratio is at least 0.95), stamped in
+the installed copy's metadata; the run's own file is left as it was. To measure a guard before
+it serves, install into a scratch folder (``--folder``) and run the arena on
+``policy:<folder>/policy-<workload>.onnx``.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from pathlib import Path
 
 import tyro
 
+from agents.export import stamp_metadata
 from runtime.decider.guard import GuardedDecider
+from runtime.decider.lend_guard import LEND_GUARD_KEY, LendGuard
 from runtime.decider.policy_set import POLICY_SET_FILE, PolicySet
 from runtime.locations import shipped_policy_dir
 
@@ -34,18 +42,23 @@ class Args:
     """the workload the policy is for: a trace alias (azure-code) or a trace file's stem"""
     folder: Path | None = None
     """the policy folder (default: the shipped one, checkpoints/shipped)"""
+    lend_guard: str | None = None
+    """UTILIZATION:RATIO: while more than UTILIZATION of the serving pool is in use, the KV
+    ratio is at least RATIO (e.g. 0.9:0.95; default: the run's policy as it is)"""
 
 
-def install(run: Path, workload: str, folder: Path) -> PolicySet:
+def install(run: Path, workload: str, folder: Path,
+            lend_guard: LendGuard | None = None) -> PolicySet:
     """Copy ``run``'s policy and card into ``folder`` for ``workload`` and name them in the
-    folder's policy set; returns the updated set. Raises ValueError (a PolicySetError for
-    the set) naming what is wrong."""
+    folder's policy set, the policy with ``lend_guard`` stamped in when given; returns the
+    updated set. Raises ValueError (a PolicySetError for the set) naming what is wrong."""
     source = run / "policy.onnx"
     if not source.is_file():
         raise ValueError(f"{source}: no exported policy in the run folder")
     decider = GuardedDecider(source)
     if decider.policy is None:
         raise ValueError(f"{source}: the runtime refuses this policy: {decider.last_error}")
+
     set_path = folder / POLICY_SET_FILE
     name = f"policy-{workload}.onnx"
     default = "policy.onnx" if (folder / "policy.onnx").is_file() else name
@@ -58,6 +71,20 @@ def install(run: Path, workload: str, folder: Path) -> PolicySet:
         if src.is_file():
             tmp = dst.with_suffix(dst.suffix + ".tmp")
             shutil.copyfile(src, tmp)
+            if dst.suffix == ".onnx" and lend_guard is not None:
+                stamp_metadata(tmp, {LEND_GUARD_KEY: lend_guard.metadata()})
+                stamped = GuardedDecider(tmp)
+                if stamped.policy is None:
+                    raise ValueError(f"{tmp}: the runtime refuses the stamped policy: "
+                                     f"{stamped.last_error}")
+            if dst.suffix == ".md" and lend_guard is not None:
+                with open(tmp, "a") as card:
+                    card.write(f"\n## Deployment\n\nInstalled for `{workload}` with a lending "
+                               f"guard: while more than {lend_guard.kv_utilization:g} of the "
+                               "serving pool is in use, the KV ratio is at least "
+                               f"{lend_guard.kv_cache_ratio:g} (`--lend-guard "
+                               f"{lend_guard.kv_utilization:g}:{lend_guard.kv_cache_ratio:g}`)."
+                               "\n")
             os.replace(tmp, dst)
     policies.save()
     return PolicySet.load(set_path)  # and it reads back: every file it names is there
@@ -67,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, description=__doc__.split("\n\n")[0])
     folder = args.folder if args.folder is not None else shipped_policy_dir()
     try:
-        policies = install(args.run, args.workload, folder)
+        guard = LendGuard.parse_flag(args.lend_guard) if args.lend_guard is not None else None
+        policies = install(args.run, args.workload, folder, guard)
     except ValueError as e:  # PolicySetError among them
         print(f"error: {e}", file=sys.stderr)
         return 2

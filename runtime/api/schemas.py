@@ -152,6 +152,9 @@ class PolicyOut(BaseModel):
     """who actually decided over the last minute"""
     num_reloads: int
     num_failed_reloads: int
+    lend_guard_hits: int
+    """policy decisions whose KV ratio the policy's lending guard raised (its metadata
+    ``batchpilot.lend_guard`` holds the guard)"""
     last_error: str | None
     last_error_at: float | None
 

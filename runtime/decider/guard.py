@@ -16,7 +16,10 @@ Per decision, in order:
    actions) decides the first three knobs; the others are the static knobs.
 6. Whoever decided, the change is clamped, in action coordinates, to ``max_step`` per decision
    around the knobs the observation carries (the slew rate), and to [-1, 1] (the ranges); then
-   :func:`runtime.knobs.action_to_knobs` maps the action to knobs.
+   :func:`runtime.knobs.action_to_knobs` maps the action to knobs. A policy that carries a
+   lending guard (:mod:`runtime.decider.lend_guard`) has its KV ratio raised to the guard's
+   floor, after the slew limit, while the observation's pool is fuller than the guard's
+   threshold (the decision stays the policy's; ``lend_guard_hits`` counts them).
 
 ``decide`` never raises: any exception becomes a PID or static decision whose ``reason`` says
 why, and the exception text is kept in ``last_error``.
@@ -60,6 +63,7 @@ from runtime.decider.decision import (
     Decision,
     Source,
 )
+from runtime.decider.lend_guard import RATIO_INDEX, UTILIZATION_INDEX
 from runtime.decider.onnx_policy import OnnxPolicy, PolicyLoadError
 from runtime.decider.pid import PidController
 from runtime.decider.window import DecisionWindow
@@ -152,6 +156,8 @@ class GuardedDecider:
         self.last_error: str | None = None
         """the latest exception or refusal, with its details (for ``GET /v1/policy``)"""
         self.last_error_at: float | None = None
+        self.lend_guard_hits = 0
+        """policy decisions whose KV ratio the policy's lending guard raised"""
         # (policy, reason it is absent): replaced whole by a reload, read once per decision
         self._active: tuple[OnnxPolicy | None, str] = (None, MODEL_MISSING)
         if isinstance(policy, OnnxPolicy):
@@ -243,7 +249,14 @@ class GuardedDecider:
                 a.extend(self._static_action[policy.num_actions:])
             if not math.isfinite(sum(a)):
                 return self._fallback(observation, v, NON_FINITE_OUTPUT, policy)
-            knobs = self._knobs(a, v)
+            if policy.lend_guard is None:
+                knobs = self._knobs(a, v)
+            else:
+                limited = slew_limit_one(a, v[-NUM_KNOBS:], self.max_step)
+                floored = policy.lend_guard.floor(limited, v[UTILIZATION_INDEX])
+                if floored is not None:
+                    self.lend_guard_hits += 1
+                knobs = action_to_knobs(limited if floored is None else floored)
         except Exception as e:
             self._note_error(f"policy {policy.policy_version}: {type(e).__name__}: {e}")
             return self._fallback(observation, v, POLICY_ERROR, policy)
@@ -299,6 +312,12 @@ class GuardedDecider:
                     raw[finite, :width] = policy.act_batch(x[finite])
                 raw[:, width:] = self._static_row[width:]  # an older spec's: the rest static
                 limited = slew_limit(raw, x[:, -NUM_KNOBS:].astype(np.float64), self.max_step)
+                lend = policy.lend_guard
+                if lend is not None:
+                    low = ((x[:, UTILIZATION_INDEX] > lend.kv_utilization)
+                           & (limited[:, RATIO_INDEX] < lend.ratio_action))
+                    limited[low, RATIO_INDEX] = lend.ratio_action
+                    self.lend_guard_hits += int(low.sum())
                 # numpy's stubs type all(axis=...) as a scalar or an array
                 ok = np.isfinite(raw).all(axis=1)  # type: ignore[assignment]
                 # map the good rows at once (the per-row mapping dominated a batch's time)
@@ -356,6 +375,7 @@ class GuardedDecider:
             "recent": self.recent.summary(),
             "num_reloads": self.num_reloads,
             "num_failed_reloads": self.num_failed_reloads,
+            "lend_guard_hits": self.lend_guard_hits,
             "last_error": self.last_error,
             "last_error_at": self.last_error_at,
         }

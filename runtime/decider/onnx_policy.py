@@ -28,6 +28,9 @@ Metadata (``ModelProto.metadata_props``)
     file>``. Any other key is free-form and shown by ``GET /v1/policy``; by convention
     ``batchpilot.trained_on`` (traces), ``batchpilot.exported_at`` (ISO 8601 date) and
     ``batchpilot.eval_summary`` (a one-line evaluation result).
+    ``batchpilot.lend_guard``, optional: the policy's lending guard
+    (:mod:`runtime.decider.lend_guard`), a JSON object ``{"kv_utilization": u, "kv_cache_ratio":
+    r}``; a malformed one refuses the model (``bad model signature``).
 Runtime
     Any opset the installed onnxruntime runs on its CPU execution provider. No external data
     files (export with ``external_data=False``): a policy is one file, read and hashed at once.
@@ -65,6 +68,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.decider.decision import BAD_SIGNATURE, MODEL_CORRUPT, MODEL_MISSING, SPEC_MISMATCH
+from runtime.decider.lend_guard import LEND_GUARD_KEY, LendGuard
 from runtime.knobs import NUM_KNOBS
 from runtime.observation import (
     OBS_DIM,
@@ -189,6 +193,13 @@ class OnnxPolicy:
         """the width of its output: the first ``num_actions`` knobs"""
         self.policy_version = (self.metadata.get(POLICY_VERSION_KEY)
                                or f"sha256:{self.sha256[:12]}")
+        self.lend_guard: LendGuard | None = None
+        """the floor on the KV ratio under pressure this policy runs with (None: none)"""
+        if LEND_GUARD_KEY in self.metadata:
+            try:
+                self.lend_guard = LendGuard.from_metadata(self.metadata[LEND_GUARD_KEY])
+            except ValueError as e:
+                raise PolicyLoadError(BAD_SIGNATURE, f"{self._name()}: {e}", path) from None
         self._check_signature(session)
         self._session = session
         self._output_names = [OUTPUT_NAME]
