@@ -26,7 +26,7 @@ Figures (``L*`` is best static's capacity at 99% interactive attainment with the
 found once per trace by bisection):
 
 - ``capacity``: each arm's capacity at 99% interactive attainment (rate scale, bisection to
-  ``--tolerance``, started from the loads already measured);
+  ``--tolerance``, on the fixed grid of loads of :func:`agents.arena.find_capacity`);
 - ``batch``: batch goodput (tokens finished by their deadline per second of the window's
   arrivals) of each arm at ``L*``, counted only where the arm holds 99% interactive attainment;
 - ``memory``: mean KV GiB at ``--kv-loads`` x ``L*``, for each arm that holds 99% interactive
