@@ -58,7 +58,6 @@ def install(run: Path, workload: str, folder: Path,
     decider = GuardedDecider(source)
     if decider.policy is None:
         raise ValueError(f"{source}: the runtime refuses this policy: {decider.last_error}")
-
     set_path = folder / POLICY_SET_FILE
     name = f"policy-{workload}.onnx"
     default = "policy.onnx" if (folder / "policy.onnx").is_file() else name

@@ -314,7 +314,9 @@ class GuardedDecider:
                 limited = slew_limit(raw, x[:, -NUM_KNOBS:].astype(np.float64), self.max_step)
                 lend = policy.lend_guard
                 if lend is not None:
-                    low = ((x[:, UTILIZATION_INDEX] > lend.kv_utilization)
+                    # in float64, as one decision compares it (float32 against a Python
+                    # float would compare in float32)
+                    low = ((x[:, UTILIZATION_INDEX].astype(np.float64) > lend.kv_utilization)
                            & (limited[:, RATIO_INDEX] < lend.ratio_action))
                     limited[low, RATIO_INDEX] = lend.ratio_action
                     self.lend_guard_hits += int(low.sum())
