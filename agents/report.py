@@ -75,7 +75,8 @@ def markdown_table(rows: Sequence[dict], capacity: Sequence[dict],
             f"{r['shed']} / {r['expired']} / {r['late']} | {knobs}"
             f"{r['mean_kv_gib']:.2f} | {_share(r['cotenant_served_share'])} | {rec} |")
     if capacity:
-        lines += ["", "| trace | controller | capacity @99% | goodput there rps | capacity @90% |",
+        lines += ["", "| trace | controller | capacity @99% interactive | goodput there rps | "
+                  "capacity @90% |",
                   "|---|---|---|---|---|"]
         for c in capacity:
             lines.append(f"| {c['trace']} | {short_name(c['controller'])} | "
