@@ -15,6 +15,11 @@ from runtime.engine.request import Status
 from tests.engine_factory import hand_profile, make_engine, random_workload
 
 PLAIN = "arrival_s,prompt_tokens,output_tokens"
+BOUND_S = 5.0
+"""the wall time these inputs must be answered in: a normal run here takes 0.1-0.3 s, and what
+they guard against (a replay stepping through a gap of 1e9 s interval by interval) takes hours,
+so the bound needs no tightness; at 1 s, load from the machine's other processes alone failed
+five of them"""
 
 
 def run_replay(capsys, tmp_path: Path, name: str, text: str, *args: str) -> tuple[int, str]:
@@ -26,7 +31,7 @@ def run_replay(capsys, tmp_path: Path, name: str, text: str, *args: str) -> tupl
     t0 = time.perf_counter()
     code = replay_main(["--trace", str(path), "--json", *args])
     elapsed = time.perf_counter() - t0
-    assert elapsed < 1.0, f"{name} took {elapsed:.2f} s"
+    assert elapsed < BOUND_S, f"{name} took {elapsed:.2f} s"
     out = capsys.readouterr()
     return code, (out.out if code == 0 else out.err).strip()
 
@@ -99,7 +104,7 @@ def test_an_idle_engine_jumps_straight_to_the_next_arrival():
     e.add_requests([0.0, 1e9, 2e9], [32, 32, 32], [4, 4, 4])
     t0 = time.perf_counter()
     e.run_to_completion()
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < BOUND_S
     s = e.summary()
     assert (s.finished, s.rejected) == (3, 0)
     assert e.num_iterations == 12  # 4 a request (one prefill, three decodes): no idle steps
@@ -146,7 +151,7 @@ def test_a_controller_replay_decides_an_idle_gap_once_not_per_interval():
     t0 = time.perf_counter()
     result = replay(SimulatedExecutor(hand_profile()), [0.0, 1.7e9, 1.7e9 + 1.0], [32, 32, 32],
                     [4, 4, 4], decider=PidController(), interval_s=0.25)
-    assert time.perf_counter() - t0 < 1.0
+    assert time.perf_counter() - t0 < BOUND_S
     s = result.summary
     assert (s.requests, s.finished, s.rejected) == (3, 3, 0)
     assert result.decisions < 20
