@@ -55,8 +55,8 @@ class Config(ProfileChoice, EngineChoice):
     """a candidate is eligible only if it also attains at the load 1 (best static's capacity;
     ``--loads`` must hold 1) at least best static's interactive attainment there: the capacity
     figure's bar where it is decided. Off by default: that comparison turns on a few requests
-    (a few hundredths of a point), and on the Azure traces' train splits no trained policy
-    passes it"""
+    (a few hundredths of a point), and on the conversation and mixed train splits no trained
+    policy passes it"""
     tuning_scales: str | None = None
     """rate scales best static is tuned at, comma-separated (default: the registry's)"""
     interval_s: float = DEFAULT_INTERVAL_S
