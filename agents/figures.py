@@ -30,12 +30,15 @@ measured, never filled in. Per trace, at the figure loads (multiples of best sta
   :data:`HEADLINE_BATCH`.
 - ``never_worse``: the worst margin of SLO attainment, in points, against each of
   :data:`NEVER_WORSE_THAN` over every rate scale both ran at (the arena's loads, the match,
-  past capacity, the figure loads); it passes at 0 or more.
+  past capacity, the figure loads); it passes at 0 or more. At a load past best static's
+  capacity that the arena also ran at neighbouring loads, the margin is the mean over the load
+  and its neighbours (:func:`worst_margin`).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 from agents.controllers.best_static import RATIO_KNOB
@@ -457,16 +460,35 @@ def headline_figures(t: _Trace) -> list[dict]:
 # ----------------------------------------------------------------------------- never worse
 def worst_margin(t: _Trace, controller: str) -> dict | None:
     """The least SLO attainment margin of ``controller`` over the baselines of
-    :data:`NEVER_WORSE_THAN`, in points, over every rate scale both ran at."""
+    :data:`NEVER_WORSE_THAN`, in points, over every rate scale both ran at. Where both also ran
+    at the load's neighbours (rows with ``"neighbour_of"``: :data:`agents.arena.LOAD_NEIGHBOURS`)
+    the margin there is the mean over the load and those neighbours, with its standard error
+    (``se_pt``) and the span of the loads (``neighbourhood``: their lowest and highest multiple
+    of the load)."""
+    own = [r for r in t.rows if r["controller"] == controller]
+    near: dict[float, list[dict]] = {}
+    for r in own:
+        if "neighbour_of" in r:
+            near.setdefault(r["neighbour_of"], []).append(r)
     worst = None
-    for r in (r for r in t.rows if r["controller"] == controller):
+    for r in own:
+        if "neighbour_of" in r:
+            continue
+        scale = r["rate_scale"]
         for b in NEVER_WORSE_THAN:
-            other = t.row(b, r["rate_scale"])
-            if other is None:
+            pairs = [(x, t.row(b, x["rate_scale"])) for x in (r, *near.get(scale, ()))]
+            if pairs[0][1] is None:
                 continue
-            margin = (r["slo_attainment"] - other["slo_attainment"]) * 100
+            both = [(x, o) for x, o in pairs if o is not None]
+            margins = [(x["slo_attainment"] - o["slo_attainment"]) * 100 for x, o in both]
+            margin = math.fsum(margins) / len(margins)
             if worst is None or margin < worst["margin_pt"]:
-                worst = {"margin_pt": margin, "against": b, "rate_scale": r["rate_scale"]}
+                multiples = [x["rate_scale"] / scale for x, _ in both]
+                worst = {"margin_pt": margin, "against": b, "rate_scale": scale,
+                         "loads": len(margins),
+                         "se_pt": (statistics.stdev(margins) / math.sqrt(len(margins))
+                                   if len(margins) > 1 else None),
+                         "neighbourhood": (min(multiples), max(multiples))}
     return worst
 
 
@@ -478,7 +500,12 @@ def never_worse_figures(t: _Trace) -> list[dict]:
         w = worst_margin(t, c)
         if w is None:
             return _missing("no run at a baseline's load")
-        text = f"{w['margin_pt']:+.2f} pt (vs {w['against']} at x{w['rate_scale']:.3g})"
+        text = f"{w['margin_pt']:+.2f} pt (vs {w['against']} at x{w['rate_scale']:.3g}"
+        if w["loads"] > 1:
+            lo, hi = w["neighbourhood"]
+            text += (f"; mean of {w['loads']} loads x{lo:.3g}-{hi:.3g} of it, "
+                     f"s.e. {w['se_pt']:.2f} pt")
+        text += ")"
         if role is not None:
             return _cell(w["margin_pt"], text, None, role, **w)
         return _cell(w["margin_pt"], text, w["margin_pt"] >= 0, **w)

@@ -164,8 +164,9 @@ def write_json(result: dict, path: Path) -> Path:
 
 def _at_own_load(r: dict) -> bool:
     """Whether a row is at one of the arena's rate scales (not the static match's, not past
-    capacity's)."""
-    return not r.get("matched_static") and "past_capacity_multiple" not in r
+    capacity's, not a neighbouring load's)."""
+    return (not r.get("matched_static") and "past_capacity_multiple" not in r
+            and "neighbour_of" not in r)
 
 
 def plot(rows: Sequence[dict], out_dir: Path, frontier: Sequence[dict] = ()) -> list[Path]:

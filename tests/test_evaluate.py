@@ -124,6 +124,16 @@ def test_evaluate_command_refuses_an_unknown_controller():
     assert "unknown controller 'magic'" in out.stderr
 
 
+@pytest.mark.parametrize("value, says", [
+    ("1", "--load-neighbours: 1 is the load itself, not a neighbour"),
+    ("0.99,-1", "--load-neighbours must be comma-separated positive numbers, got '0.99,-1'")])
+def test_evaluate_command_refuses_bad_load_neighbours(value, says):
+    out = subprocess.run([sys.executable, "-m", "agents.evaluate", "--load-neighbours", value],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert says in out.stderr
+
+
 def test_evaluate_command_keeps_the_oracle_row_on_the_trace_future():
     out = subprocess.run([sys.executable, "-m", "agents.evaluate", "--controllers", "oracle",
                           "--oracle.arrivals", "repeat"],

@@ -205,6 +205,44 @@ def test_capacity_headline_and_never_worse():
     assert f["summary"][POLICY] == {"pass": 8, "fail": 3, "not judged": 1}
 
 
+def test_never_worse_past_capacity_is_the_mean_over_the_load_and_its_neighbours():
+    """At x0.7 the policy is 0.05 point under AIMD on the one replay; at the load's four
+    neighbours it is ahead of every baseline, so the mean margin there is what is judged."""
+    rows = _rows()
+    # (policy, aimd, pid, heuristic) SLO attainment at 0.98, 0.99, 1.01 and 1.02 of x0.7
+    near = {0.98: (0.9990, 0.9960, 0.95, 0.90), 0.99: (0.9985, 0.9990, 0.95, 0.90),
+            1.01: (0.9990, 0.9950, 0.95, 0.90), 1.02: (0.9980, 0.9975, 0.95, 0.90)}
+    for k, values in near.items():
+        for name, slo in zip((POLICY, "aimd", "pid", "heuristic"), values):
+            base = next(r for r in rows if r["controller"] == name and r["rate_scale"] == 0.7)
+            rows.append({**{key: v for key, v in base.items() if key != "matched_static"},
+                         "rate_scale": 0.7 * k, "slo_attainment": slo, "neighbour_of": 0.7})
+    worse = _group(_figures(rows=rows), "never_worse")
+    p = worse["controllers"][POLICY]
+    margins = [(0.9995 - 1.0) * 100, *((v[0] - v[1]) * 100 for v in near.values())]
+    mean = sum(margins) / 5
+    assert mean > 0
+    # against aimd the mean margin at x0.7 is positive; the worst is now a tie with pid at
+    # x0.25, where no neighbour ran (under best static's capacity)
+    assert p["against"] == "pid" and p["rate_scale"] == 0.25 and p["loads"] == 1
+    assert p["margin_pt"] == 0.0 and p["pass"] is True
+    # with the policy's neighbours only, nothing is paired but the load itself: as before
+    only = [r for r in rows if "neighbour_of" not in r or r["controller"] == POLICY]
+    q = _group(_figures(rows=only), "never_worse")["controllers"][POLICY]
+    assert q["margin_pt"] == pytest.approx(-0.05) and q["loads"] == 1 and q["pass"] is False
+    # a neighbourhood that stays under a baseline fails on its mean, and says how it was taken
+    for r in rows:
+        if r.get("neighbour_of") == 0.7 and r["controller"] == "aimd":
+            r["slo_attainment"] = 1.0
+    w = _group(_figures(rows=rows), "never_worse")["controllers"][POLICY]
+    under = [(0.9995 - 1.0) * 100, *((v[0] - 1.0) * 100 for v in near.values())]
+    assert w["margin_pt"] == pytest.approx(sum(under) / 5) and w["pass"] is False
+    assert w["loads"] == 5 and w["neighbourhood"] == pytest.approx((0.98, 1.02))
+    assert w["se_pt"] > 0
+    assert w["text"] == (f"{sum(under) / 5:+.2f} pt (vs aimd at x0.7; mean of 5 loads "
+                         f"x0.98-1.02 of it, s.e. {w['se_pt']:.2f} pt)")
+
+
 def test_what_a_run_did_not_measure_is_said_and_never_filled_in():
     rows = [r for r in _rows() if r["controller"] != "oracle"]
     for r in rows:
