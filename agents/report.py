@@ -170,10 +170,11 @@ def _at_own_load(r: dict) -> bool:
 
 
 def plot(rows: Sequence[dict], out_dir: Path, frontier: Sequence[dict] = ()) -> list[Path]:
-    """Attainment against load per trace; knobs, queue and attainment over time for one window;
-    the Pareto plot of interactive attainment against mean KV GiB per trace (one panel per
-    rate scale of the arena's own rows): the static frontier as a line, each controller as a
-    point, the oracle's marked as an upper bound."""
+    """Attainment against load per trace (the neighbouring loads as dots beside each line);
+    knobs, queue and attainment over time for one window; the Pareto plot of interactive
+    attainment against mean KV GiB per trace (one panel per rate scale of the arena's own rows):
+    the static frontier as a line, each controller as a point, the oracle's marked as an upper
+    bound."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -185,10 +186,15 @@ def plot(rows: Sequence[dict], out_dir: Path, frontier: Sequence[dict] = ()) -> 
         sub = [r for r in rows if r["trace"] == trace]
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for name in dict.fromkeys(r["controller"] for r in sub):
-            pts = sorted((r["rate_scale"], r["slo_attainment"]) for r in sub
-                         if r["controller"] == name)
-            ax.plot([p[0] for p in pts], [p[1] * 100 for p in pts], marker="o",
-                    label=short_name(name), ls="--" if is_upper_bound(name) else "-")
+            mine = [r for r in sub if r["controller"] == name]
+            pts = sorted((r["rate_scale"], r["slo_attainment"]) for r in mine
+                         if "neighbour_of" not in r)
+            (line,) = ax.plot([p[0] for p in pts], [p[1] * 100 for p in pts], marker="o",
+                              label=short_name(name), ls="--" if is_upper_bound(name) else "-")
+            near = [(r["rate_scale"], r["slo_attainment"]) for r in mine if "neighbour_of" in r]
+            if near:  # the neighbouring loads the never-worse figure averages over, as dots
+                ax.scatter([p[0] for p in near], [p[1] * 100 for p in near], s=6,
+                           color=line.get_color(), alpha=0.5)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("rate scale (x trace rate)")
         ax.set_ylabel("SLO attainment (%)")
