@@ -211,24 +211,25 @@ class Config(EngineChoice):
     """run the final evaluation's jobs on Ray (they also do when RAY_ADDRESS is set)"""
 
 
+SHED_AT_HALF = dict(admission=AdmissionPolicy.SHED, admission_slack=0.5)
+"""late requests shed at half a TTFT target of slack: the deployment best static picks and every
+shipped figure uses (README, "What each lever is worth")"""
 PRESETS: dict[str, dict] = {
     "smoke": dict(total_timesteps=2048, n_envs=2, vec_env="dummy", n_steps=256, batch_size=128,
                   n_epochs=2, episode_s=30.0, eval_every=2048, eval_rate_scales=(1.5,),
                   eval_episode_s=60.0, final_rate_scales=(1.5,), final_controllers="static",
                   final_capacity=False, final_match_static=0.0, windows=16, dagger_rounds=1,
                   imitation_windows=2, imitation_horizon_s=2.0, imitation_epochs=30),
-    # late requests shed at half a TTFT target of slack: the deployment best static picks and
-    # every shipped figure uses (README, "What each lever is worth"). Under first come first
-    # served the preset's policy lent memory at the price of the queue and fell to 11.65% at
-    # twice the trace's rate, where the static default held 27.64%; shed, it holds 95.65%
-    # there against the static default's 95.03% (README, Training)
-    "default": dict(admission=AdmissionPolicy.SHED, admission_slack=0.5),
+    # shed at half: under first come first served the preset's policy lent memory at the price
+    # of the queue and fell to 11.65% at twice the trace's rate, where the static default held
+    # 27.64%; shed, it holds 95.65% there against the static default's 95.03% (README, Training)
+    "default": dict(SHED_AT_HALF),
     # the shipped policy's recipe: the Azure traces and the mixed workload, memory lent to a
     # co-tenant and late requests shed (best static's admission), imitation of the oracle
     # searching the KV ratio (the one lever whose headroom passes 10%: README, "What each lever
     # is worth"), then PPO on the reward differential to best static
     "full": dict(trace="azure-code@0.3-1.2,azure-conv@1.0-2.5,mixed@0.7-2.8", n_envs=3,
-                 cotenant=True, admission=AdmissionPolicy.SHED, admission_slack=0.5,
+                 cotenant=True, **SHED_AT_HALF,
                  cotenant_value=0.02, memory_price=0.0, warm_start="dagger", dagger_rounds=2,
                  imitation_windows=6, imitation_candidates="ratio=0.5,0.6,0.7,0.8,0.9,0.95",
                  imitation_memory_price=0.01, total_timesteps=150_000, eval_every=50_000,
