@@ -7,11 +7,15 @@
 
     python train.py --trace my_trace.csv --init-from checkpoints/shipped/policy.onnx
 
-Reads top to bottom: config, seeding, environments, PPO, an optional warm start (a trained
-policy, or imitation of the lookahead oracle: behaviour cloning, then DAgger), training with
-periodic evaluation against the baselines on the train split's busiest minutes (keeping the best
-model; the held-out split is left to the final evaluation), ONNX export checked against the torch
-policy, the final evaluation table, and the run folder with its card.
+Reads top to bottom: the config (every field a flag, a preset filling the rest), then the steps
+of ``main``: seeding, environments, PPO, an optional warm start (a trained policy, or imitation
+of the lookahead oracle: behaviour cloning, then DAgger), training with periodic evaluation
+against the baselines on the train split's busiest minutes (keeping the best model; the held-out
+split is left to the final evaluation), ONNX export checked against the torch policy, the final
+evaluation table, and the run folder with its card. The machinery of each step lives in
+``agents/``: environments and PPO in agents/training.py, imitation in agents/imitation.py, the
+periodic evaluation in agents/periodic_eval.py, export in agents/export.py, the final evaluation
+and the card in agents/card.py, W&B in agents/tracking.py.
 
 Variance. Episodes are drawn from a fixed pool of windows per trace (``--windows``), and each is
 paired with best static's replay of the same window (cached per window): by default the reward
@@ -28,8 +32,6 @@ import dataclasses
 import datetime as dt
 import json
 import os
-import random
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -41,7 +43,11 @@ from typing import Any, Literal, NoReturn
 import numpy as np
 import tyro
 
+from agents.card import final_evaluation, write_card
 from agents.held_knobs import held_actions, hold_knobs, parse_free_knobs
+from agents.periodic_eval import SELECT_ON, evaluate_controller, periodic_eval_windows
+from agents.tracking import log_to_wandb, wandb_mode
+from agents.training import make_ppo, make_vec_env, parse_traces, seed_everything
 from env.engine_choice import EngineChoice
 from env.session import RewardWeights
 from runtime.engine.admission import AdmissionPolicy
@@ -278,393 +284,6 @@ def refuse(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def parse_traces(text: str, default_range: tuple[float, float]) -> list[tuple[str, tuple]]:
-    """``a@0.5-2,b`` -> ``[("a", (0.5, 2.0)), ("b", default_range)]``."""
-    out = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        name, _, rng = part.partition("@")
-        if rng:
-            lo, sep, hi = rng.partition("-")
-            try:
-                bounds = (float(lo), float(hi))
-            except ValueError:
-                raise ValueError(f"--trace {part!r}: expected TRACE@LOW-HIGH, e.g. "
-                                 "azure-code@0.3-1.2") from None
-            if not (sep and 0 < bounds[0] <= bounds[1]):
-                raise ValueError(f"--trace {part!r}: need 0 < LOW <= HIGH")
-        else:
-            bounds = default_range
-        out.append((name, bounds))
-    if not out:
-        raise ValueError("--trace names no trace")
-    return out
-
-
-def wandb_mode(requested: str) -> str:
-    """``--wandb-mode auto``: online if an API key is configured, else offline."""
-    if requested != "auto":
-        return requested
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    netrc = Path.home() / ".netrc"
-    configured = os.environ.get("WANDB_API_KEY") or (
-        netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore"))
-    return "online" if configured else "offline"
-
-
-# The steps of a run, in the order main() calls them. The training stack (torch, SB3, W&B) is
-# imported inside them, after the command line is parsed, so that --help and a bad flag answer at
-# once.
-
-
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch; one torch thread per process (environments use the rest)."""
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.set_num_threads(1)
-
-
-def make_env(name: str, scale_range: tuple[float, float], env_kwargs: dict[str, Any],
-             wrap: dict[str, Any] | None = None):
-    """One monitored environment copy (built in the subprocess of a SubprocVecEnv): episodes
-    from the trace's window pool (``wrap["windows"]`` drawn from ``wrap["seed"]``, the same in
-    every copy of a trace), paired with ``wrap["reference"]`` knobs' replays (the reward
-    differential when ``wrap["differential"]``)."""
-    import gymnasium as gym
-    from stable_baselines3.common.monitor import Monitor
-
-    import env  # registers the id in the subprocess
-    from env.windows import WindowPool
-    from env.wrappers import PooledWindows, StaticReference
-
-    e = gym.make(env.ENV_ID, trace=name, rate_scale_range=scale_range, **env_kwargs)
-    wrap = wrap or {}
-    if wrap.get("reference") is not None:
-        e = StaticReference(e, wrap["reference"], differential=wrap["differential"])
-    if wrap.get("windows"):
-        pool = WindowPool.draw(e.unwrapped.trace, wrap["windows"], env_kwargs["episode_s"],
-                               scale_range, wrap["seed"])
-        e = PooledWindows(e, pool)
-    return Monitor(e)
-
-
-def env_kwargs_of(cfg: Config) -> dict[str, Any]:
-    """The training environment's arguments."""
-    return dict(split="train", episode_s=cfg.episode_s, interval_s=cfg.interval_s,
-                memory_price=cfg.memory_price, violation_weight=cfg.violation_weight,
-                oom_penalty=cfg.oom_penalty, batch_weight=cfg.batch_weight,
-                cotenant_value=cfg.cotenant_value, profile=cfg.profile,
-                engine_config=cfg.engine_config(seed=cfg.seed))
-
-
-def make_env_thunks(cfg: Config, trace_ranges: list[tuple[str, tuple]], n: int,
-                    references: dict[str, Any] | None = None) -> list:
-    """``n`` environment constructors taking the traces round robin (``references``: best
-    static's knobs per trace, for the pairing)."""
-    references = references or {}
-    thunks = []
-    for i in range(n):
-        name, scale_range = trace_ranges[i % len(trace_ranges)]
-        wrap = {"reference": references.get(name), "differential": cfg.reward == "differential",
-                "windows": cfg.windows, "seed": cfg.seed}
-        thunks.append(partial(make_env, name, scale_range, env_kwargs_of(cfg), wrap))
-    return thunks
-
-
-def make_vec_env(cfg: Config, trace_ranges: list[tuple[str, tuple]],
-                 references: dict[str, Any] | None = None):
-    """The normalised vector of training environments."""
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
-
-    thunks = make_env_thunks(cfg, trace_ranges, cfg.n_envs, references)
-    if cfg.vec_env == "ray":
-        from agents.ray_vec_env import RayVecEnv
-
-        venv = RayVecEnv(thunks, n_workers=cfg.ray_workers or None)
-    elif cfg.vec_env == "subproc" and cfg.n_envs > 1:
-        venv = SubprocVecEnv(thunks)
-    else:
-        venv = DummyVecEnv(thunks)
-    venv.seed(cfg.seed)
-    return VecNormalize(venv, norm_obs=True, norm_reward=True, clip_obs=10.0, gamma=cfg.gamma)
-
-
-def make_ppo(cfg: Config, venv, run_dir: Path):
-    """PPO with a tanh MLP, logging into W&B, optionally started at the static default knobs."""
-    import torch
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.logger import Logger
-
-    from agents.sb3_callbacks import WandbWriter
-    from runtime.knobs import DEFAULT_KNOBS, knobs_to_action
-
-    model = PPO("MlpPolicy", venv, n_steps=cfg.n_steps, batch_size=cfg.batch_size,
-                n_epochs=cfg.n_epochs, learning_rate=lambda p: cfg.learning_rate * p,
-                gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, clip_range=cfg.clip_range,
-                ent_coef=cfg.ent_coef, target_kl=cfg.target_kl, seed=cfg.seed, verbose=0,
-                device="cpu",
-                policy_kwargs=dict(net_arch=dict(pi=list(cfg.net_arch), vf=list(cfg.net_arch)),
-                                   activation_fn=torch.nn.Tanh, log_std_init=cfg.log_std_init))
-    model.set_logger(Logger(str(run_dir), [WandbWriter()]))
-    if cfg.init_at_default:
-        head = model.policy.action_net
-        with torch.no_grad():
-            head.weight.mul_(0.01)
-            head.bias.copy_(torch.tensor(knobs_to_action(DEFAULT_KNOBS), dtype=torch.float32))
-    return model
-
-
-def periodic_eval_windows(cfg: Config, trace_ranges: list[tuple[str, tuple]]) -> list[tuple]:
-    """``(trace, trace label, rate scale, window)`` of the periodic evaluation: the
-    ``eval_episode_s`` of each trace's train split that holds the most tokens (prompt and
-    output), at ``eval_rate_scales`` (or the quartiles of its training range on a log scale).
-
-    The kept model is chosen on these windows, so they come from the train split: the held-out
-    (eval) split is read only by the final evaluation, whose figures would otherwise include the
-    windows the model was chosen by (runs before this rule read the eval split's first
-    ``eval_episode_s``). The busiest stretch, because a calm one tells models apart no better
-    than a coin: the last 300 s of mixed's train split held 100% under every baseline at x2."""
-    from env.traces import rate_scale, split, time_window
-    from env.traces.resolve import resolve_trace, trace_label
-
-    windows = []
-    for t, (lo, hi) in trace_ranges:
-        train = split(resolve_trace(t), "train")
-        start = busiest_start(train, cfg.eval_episode_s)
-        window = time_window(train, start, start + cfg.eval_episode_s)
-        scales = cfg.eval_rate_scales or tuple(round(lo * (hi / lo) ** q, 3)
-                                               for q in (0.25, 0.5, 0.75))
-        for s in scales:
-            windows.append((t, trace_label(t), s, rate_scale(window, s) if s != 1 else window))
-    return windows
-
-
-def busiest_start(trace, seconds: float) -> float:
-    """The arrival time at which the ``seconds`` of ``trace`` with the most tokens (prompt and
-    output) start; the first such when several tie."""
-    arrival = trace.arrival_s
-    tokens = np.concatenate(([0], np.cumsum(trace.prompt_tokens.astype(np.int64)
-                                            + trace.output_tokens)))
-    end = np.searchsorted(arrival, arrival + seconds, side="left")
-    return float(arrival[int(np.argmax(tokens[end] - tokens[:-1]))])
-
-
-def imitate(cfg: Config, model, venv, trace_ranges: list[tuple[str, tuple]],
-            references: dict[str, Any]):
-    """The warm start by imitation of the oracle (agents/imitation.py): the first
-    ``imitation_windows`` windows of each trace's pool, labelled by the oracle anchored on best
-    static, cloned; then DAgger rounds."""
-    import gymnasium as gym
-
-    import env
-    from agents.imitation import ImitationConfig, warm_start
-    from agents.oracle import Setting
-    from env.traces import split
-    from env.traces.resolve import resolve_trace, trace_label
-    from env.windows import WindowPool, cut_window
-    from runtime.engine.profile import Profile
-
-    windows, envs, anchors = {}, {}, {}
-    for t, scale_range in trace_ranges:
-        part = split(resolve_trace(t), "train")
-        pool = WindowPool.draw(part, cfg.windows, cfg.episode_s, scale_range, cfg.seed)
-        n = min(cfg.imitation_windows, len(pool))
-        label = trace_label(t)
-        windows[label] = [(cut_window(part, s, x, cfg.episode_s), x, s, x)
-                          for s, x in zip(pool.starts[:n], pool.scales[:n])]
-        envs[label] = partial(gym.make, env.ENV_ID, trace=t, rate_scale_range=scale_range,
-                              **env_kwargs_of(cfg))
-        anchors[label] = Setting(references[t])
-    icfg = ImitationConfig(horizon_s=cfg.imitation_horizon_s, epochs=cfg.imitation_epochs,
-                           memory_price=cfg.imitation_memory_price, workers=cfg.workers,
-                           arrivals=cfg.imitation_arrivals, weighting=cfg.imitation_weighting,
-                           **({"candidates": cfg.imitation_candidates}
-                              if cfg.imitation_candidates else {}))
-    return warm_start(model.policy, venv, windows, envs, anchors, icfg,
-                      dagger_rounds=cfg.dagger_rounds if cfg.warm_start == "dagger" else 0,
-                      interval_s=cfg.interval_s, profile=Profile.load(cfg.profile),
-                      config=cfg.engine_config(seed=cfg.seed), seed=cfg.seed)
-
-
-SELECT_ON = {"all": "slo_attainment", "interactive": "interactive_attainment"}
-"""--select-on: the run summary's attainment the periodic evaluation ranks models by"""
-
-
-def evaluate_controller(controller, windows: list[tuple], interval_s: float, profile,
-                        config=None, weights: RewardWeights | None = None,
-                        attainment: str = "slo_attainment") -> dict[str, float]:
-    """SLO attainment of one controller on each window, and their mean. ``controller`` is a
-    controller, or a function of the trace that builds one (a baseline tuned per trace);
-    ``attainment`` is the run summary's field (``slo_attainment``: every request;
-    ``interactive_attainment``: the interactive classes').
-
-    With a co-tenant in ``config`` the result also has ``score``, what the best model is chosen
-    by: per window, attainment plus the reward's memory terms (``weights``: the co-tenant's value
-    times the share of its demand served, less the memory price times the mean KV ratio),
-    averaged; attainment alone would always choose to keep the memory."""
-    from agents.arena import run_episode
-    from runtime.knobs import KNOB_NAMES
-
-    out, scores = {}, []
-    ratio = KNOB_NAMES.index("kv_cache_ratio")
-    for trace, label, s, window in windows:
-        c = controller(trace) if callable(controller) and not hasattr(controller, "decide") \
-            else controller
-        ep = run_episode(window, c, interval_s=interval_s, profile=profile, config=config)
-        out[f"{label}/x{s:g}"] = ep.summary[attainment]
-        if weights is not None and config is not None and config.cotenant is not None:
-            scores.append(ep.summary[attainment]
-                          + weights.cotenant_value * ep.summary["cotenant_served_share"]
-                          - weights.memory_price * ep.mean_knobs[ratio])
-    out["mean"] = float(np.mean(list(out.values())))
-    if scores:
-        out["score"] = float(np.mean(scores))
-    return out
-
-
-def export_best(cfg: Config, run_dir: Path, run_name: str, traces: list[str],
-                trace_ranges: list[tuple[str, tuple]]):
-    """The best model to ``policy.onnx`` (checked against torch), with ``model.zip`` and
-    ``vecnormalize.pkl`` beside it."""
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
-
-    from agents.export import export_policy
-
-    best_model = PPO.load(run_dir / "best_model.zip", device="cpu")
-    best_norm = VecNormalize.load(str(run_dir / "best_vecnormalize.pkl"),
-                                  DummyVecEnv(make_env_thunks(cfg, trace_ranges, 1)))
-    best_norm.training = False
-    shutil.copy(run_dir / "best_model.zip", run_dir / "model.zip")
-    shutil.copy(run_dir / "best_vecnormalize.pkl", run_dir / "vecnormalize.pkl")
-    onnx_path = run_dir / "policy.onnx"
-    export = export_policy(best_model, best_norm, onnx_path, policy_version=run_name,
-                           metadata={"batchpilot.trained_on": ",".join(traces),
-                                     "batchpilot.preset": cfg.preset})
-    print(f"exported {onnx_path} ({export.bytes:,} bytes): ONNX vs torch max |diff| "
-          f"{export.max_abs_diff:.2g} on {export.num_checked} observations; operators "
-          f"{export.operators}")
-    return onnx_path, export
-
-
-def final_evaluation(cfg: Config, traces: list[str], onnx_path: Path, run_dir: Path):
-    """The baselines and the exported policy on the eval split: result, plots, markdown table."""
-    from agents.arena import evaluate
-    from agents.export import stamp_metadata
-    from agents.oracle import ORACLE_NAME
-    from agents.report import markdown_table, plot
-
-    controllers = [c for c in cfg.final_controllers.split(",") if c]
-    if any(own_trace(t) for t in traces):  # an operator's trace: compare with its own bounds
-        controllers += [c for c in ("best-static", ORACLE_NAME) if c not in controllers]
-    controllers.append(f"policy:{onnx_path}")
-    result = evaluate(traces, controllers, cfg.final_rate_scales, part="eval",
-                      interval_s=cfg.interval_s, profile_path=cfg.profile,
-                      config=cfg.engine_config(seed=cfg.seed),
-                      capacity=cfg.final_capacity, workers=cfg.workers, ray=cfg.ray or None,
-                      match_static=cfg.final_match_static or None)
-    plots = plot(result["rows"], run_dir / "plots")
-    for r in result["rows"]:
-        r.pop("timeline", None)
-    table = markdown_table(result["rows"], result["capacity"])
-    (run_dir / "evaluation.json").write_text(json.dumps(result, indent=1) + "\n")
-    summary = {f"{r['trace']}/x{r['rate_scale']:g}": round(r["slo_attainment"], 4)
-               for r in result["rows"] if r["controller"].startswith("policy:")}
-    stamp_metadata(onnx_path, {"batchpilot.eval_summary": json.dumps(summary)})
-    return result, plots, table
-
-
-def own_trace(spec: str) -> bool:
-    """Whether a trace spec names a file (an operator's own trace) rather than an alias."""
-    from env.traces.resolve import MIXED_PREFIX, TRACE_ALIASES
-
-    if spec.startswith(MIXED_PREFIX):
-        return own_trace(spec[len(MIXED_PREFIX):])
-    return spec not in TRACE_ALIASES
-
-
-def write_card(cfg: Config, run_dir: Path, run_name: str, traces: list[str], training: dict,
-               export, result: dict, table: str) -> None:
-    """``card.json`` (everything) and ``card.md`` (the summary a reader wants)."""
-    card = {"run": run_name, "date": dt.datetime.now().isoformat(timespec="seconds"),
-            "config": dataclasses.asdict(cfg), "traces": traces, "training": training,
-            "export": export.as_dict(), "evaluation": result}
-    (run_dir / "card.json").write_text(json.dumps(card, indent=1, default=str) + "\n")
-    (run_dir / "card.md").write_text(
-        f"# Policy card: {run_name}\n\n"
-        f"- date: {card['date']}\n- preset: {cfg.preset}; seed {cfg.seed}\n"
-        f"- training traces: {', '.join(traces)} (train split: first 40 minutes)\n"
-        f"- training: {cfg.total_timesteps:,} steps in {training['seconds']:.0f} s "
-        f"({training['env_steps_per_s']:.0f} env steps/s); reward {cfg.reward}; "
-        f"{cfg.windows} windows per trace, curriculum {cfg.curriculum:g}\n"
-        f"- best static (train split): "
-        f"{'; '.join(f'{t}: {k}' for t, k in training['best_static_knobs'].items())}\n"
-        f"{warm_start_line(training['warm_start'])}"
-        f"{periodic_line(training)}"
-        f"- export: max |ONNX - torch| = {export.max_abs_diff:.2g} on {export.num_checked} "
-        f"observations; operators {export.operators}\n\n"
-        f"## Evaluation on held-out windows (eval split: after minute 40)\n\n{table}\n\n"
-        f"## Config\n\n```json\n{json.dumps(dataclasses.asdict(cfg), indent=1)}\n```\n")
-
-
-def warm_start_line(warm: dict) -> str:
-    """The card's line on how training started."""
-    out = ""
-    if "init_from" in warm:
-        out += f"- started from {warm['init_from']['from']}\n"
-    if "held_knobs" in warm:
-        out += ("- held at best static's value (--free-knobs): "
-                + ", ".join(f"{k} {v:g}" for k, v in warm["held_knobs"].items()) + "\n")
-    imitation = warm.get("imitation", {})
-    for r in imitation.get("rounds", []):
-        before, after = r["held_out_mse_before"], r["held_out_mse_after"]
-        mse = f"{before:.4f} -> {after:.4f}" if before is not None else "n/a"
-        out += (f"- imitation {r['round']}: {r['labels']} {imitation.get('teacher', 'oracle')} "
-                f"labels, held-out action MSE {mse}, {r['seconds']:.0f} s\n")
-    return out
-
-
-def periodic_line(training: dict) -> str:
-    """The card's line on the best periodic evaluation against best static and the oracle."""
-    history = training["periodic_evaluations"]
-    if not history:
-        return ""
-    best = training["kept_evaluation"]
-    gaps = ", ".join(f"{k} {best[k]:+.4f}" for k in ("gap_to_best_static", "gap_to_oracle",
-                                                     "oracle_gain_share") if k in best)
-    score = f", score {best['score']:.4f}" if "score" in best else ""
-    return (f"- kept model's periodic evaluation (step {best['step']:,}): mean SLO attainment "
-            f"{best['mean']:.4f}{score}; {gaps}\n")
-
-
-def log_to_wandb(wandb_run, result: dict, plots: list[Path], onnx_path: Path, run_dir: Path,
-                 run_name: str, summary: dict) -> None:
-    """The final table, the plots and the policy (with its card) as a W&B artifact."""
-    import wandb
-
-    columns = sorted({k for r in result["rows"] for k in r} - {"decision_sources"})
-    wandb.log({"final/evaluation": wandb.Table(
-        columns=columns, data=[[r.get(k) for k in columns] for r in result["rows"]])})
-    for p in plots:
-        wandb.log({f"plots/{p.stem}": wandb.Image(str(p))})
-    artifact = wandb.Artifact(f"policy-{run_name}", type="model",
-                              metadata={"spec_version": export_spec_version(onnx_path)})
-    artifact.add_file(str(onnx_path))
-    artifact.add_file(str(run_dir / "card.md"))
-    wandb_run.log_artifact(artifact)
-    wandb_run.summary.update(summary)
-
-
-def export_spec_version(path: Path) -> str:
-    import onnx
-
-    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
-    return props.get("batchpilot.spec_version", "")
-
-
 def main(argv: list[str] | None = None, *,
          on_eval: Callable[[dict[str, float]], None] | None = None) -> int:
     """Train, export, evaluate (see the module docstring); ``on_eval`` gets every periodic
@@ -678,6 +297,8 @@ def main(argv: list[str] | None = None, *,
     import wandb
 
     from agents.controllers.best_static import best_static_reference
+    from agents.export import export_best
+    from agents.imitation import imitate
     from agents.registry import EvalSpec, make_controller
     from agents.sb3_callbacks import CurriculumCallback, PeriodicEval
     from env.traces.resolve import resolve_trace, trace_label

@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import logging
 import os
+import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -216,3 +217,28 @@ def export_policy(model, vecnormalize, path: str | Path, *, policy_version: str,
         if os.path.exists(tmp):
             os.unlink(tmp)
     return ExportReport(path, diff, len(obs), ops, path.stat().st_size)
+
+
+def export_best(cfg, run_dir: Path, run_name: str, traces: list[str],
+                trace_ranges: list[tuple[str, tuple]]):
+    """The best model to ``policy.onnx`` (checked against torch), with ``model.zip`` and
+    ``vecnormalize.pkl`` beside it."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    from agents.training import make_env_thunks
+
+    best_model = PPO.load(run_dir / "best_model.zip", device="cpu")
+    best_norm = VecNormalize.load(str(run_dir / "best_vecnormalize.pkl"),
+                                  DummyVecEnv(make_env_thunks(cfg, trace_ranges, 1)))
+    best_norm.training = False
+    shutil.copy(run_dir / "best_model.zip", run_dir / "model.zip")
+    shutil.copy(run_dir / "best_vecnormalize.pkl", run_dir / "vecnormalize.pkl")
+    onnx_path = run_dir / "policy.onnx"
+    export = export_policy(best_model, best_norm, onnx_path, policy_version=run_name,
+                           metadata={"batchpilot.trained_on": ",".join(traces),
+                                     "batchpilot.preset": cfg.preset})
+    print(f"exported {onnx_path} ({export.bytes:,} bytes): ONNX vs torch max |diff| "
+          f"{export.max_abs_diff:.2g} on {export.num_checked} observations; operators "
+          f"{export.operators}")
+    return onnx_path, export

@@ -22,7 +22,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from functools import partial
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -343,3 +344,38 @@ def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, 
             f"action MSE {row['held_out_mse_before']} -> {row['held_out_mse_after']} "
             f"({time.perf_counter() - t0:.0f} s)")
     return report
+
+
+def imitate(cfg, model, venv, trace_ranges: list[tuple[str, tuple]],
+            references: dict[str, Any]):
+    """train.py's warm start by imitation of the oracle (``--warm-start``): the first
+    ``imitation_windows`` windows of each trace's pool, labelled by the oracle anchored on best
+    static, cloned; then DAgger rounds."""
+    import gymnasium as gym
+
+    import env
+    from agents.training import env_kwargs_of
+    from env.traces import split
+    from env.traces.resolve import resolve_trace, trace_label
+    from env.windows import WindowPool, cut_window
+
+    windows, envs, anchors = {}, {}, {}
+    for t, scale_range in trace_ranges:
+        part = split(resolve_trace(t), "train")
+        pool = WindowPool.draw(part, cfg.windows, cfg.episode_s, scale_range, cfg.seed)
+        n = min(cfg.imitation_windows, len(pool))
+        label = trace_label(t)
+        windows[label] = [(cut_window(part, s, x, cfg.episode_s), x, s, x)
+                          for s, x in zip(pool.starts[:n], pool.scales[:n])]
+        envs[label] = partial(gym.make, env.ENV_ID, trace=t, rate_scale_range=scale_range,
+                              **env_kwargs_of(cfg))
+        anchors[label] = Setting(references[t])
+    icfg = ImitationConfig(horizon_s=cfg.imitation_horizon_s, epochs=cfg.imitation_epochs,
+                           memory_price=cfg.imitation_memory_price, workers=cfg.workers,
+                           arrivals=cfg.imitation_arrivals, weighting=cfg.imitation_weighting,
+                           **({"candidates": cfg.imitation_candidates}
+                              if cfg.imitation_candidates else {}))
+    return warm_start(model.policy, venv, windows, envs, anchors, icfg,
+                      dagger_rounds=cfg.dagger_rounds if cfg.warm_start == "dagger" else 0,
+                      interval_s=cfg.interval_s, profile=Profile.load(cfg.profile),
+                      config=cfg.engine_config(seed=cfg.seed), seed=cfg.seed)

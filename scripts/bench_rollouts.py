@@ -106,7 +106,8 @@ def time_ppo(args: Args, workers: int) -> dict:
     from stable_baselines3.common.vec_env import VecNormalize
 
     from agents.ray_vec_env import RayVecEnv
-    from train import Config, make_env_thunks
+    from agents.training import make_env_thunks
+    from train import Config
 
     n_envs = workers * args.envs_per_worker
     # train.py's environment copies (default preset: the embedded trace, 120 s episodes)

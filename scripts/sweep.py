@@ -37,6 +37,7 @@ import tyro
 
 import train
 from agents.parallel import RAY_ADDRESS_ENV, import_ray, init_ray
+from agents.tracking import wandb_mode
 
 
 @dataclass
@@ -135,7 +136,7 @@ def sweep(args: Args) -> dict[str, Any]:
     for values in itertools.product(*grid.values()):  # every trial's flags, checked up front
         train.parse_config(trial_argv(args, args.seeds[0], dict(zip(grid, values)), "check",
                                       runs_dir))
-    mode = train.wandb_mode(args.wandb_mode)
+    mode = wandb_mode(args.wandb_mode)
     if mode in ("offline", "disabled"):
         os.environ["WANDB_MODE"] = mode  # Tune's callback asks for an API key otherwise
     init_ray(args.cpus)

@@ -82,7 +82,7 @@ def test_ray_vec_env_sees_what_dummy_and_subproc_vec_envs_see(local_ray):
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
     from agents.ray_vec_env import RayVecEnv
-    from train import make_env
+    from agents.training import make_env
 
     # 12 intervals an episode: every copy resets within the 30 steps
     fns = [partial(make_env, "synthetic", (0.5, 2.5), {"episode_s": 3.0})] * 3
@@ -137,7 +137,8 @@ def test_a_sweep_on_a_running_ray_trains_every_trial_and_reports_its_evaluations
 
 def test_train_py_vec_env_ray_puts_its_environment_copies_on_ray_actors(local_ray):
     from agents.ray_vec_env import RayVecEnv
-    from train import make_vec_env, parse_config, parse_traces
+    from agents.training import make_vec_env, parse_traces
+    from train import parse_config
 
     cfg = parse_config(["--preset", "smoke", "--vec-env", "ray", "--n-envs", "3",
                         "--ray-workers", "2"])

@@ -127,6 +127,7 @@ def test_training_on_an_operators_own_trace_compares_with_its_best_static_and_or
 
 def test_with_a_co_tenant_the_kept_model_is_chosen_by_attainment_plus_the_memory_terms():
     from agents.arena import run_episode
+    from agents.periodic_eval import evaluate_controller
     from env.session import RewardWeights
     from env.traces import time_window
     from env.traces.cotenant import cotenant_demand
@@ -135,7 +136,6 @@ def test_with_a_co_tenant_the_kept_model_is_chosen_by_attainment_plus_the_memory
     from runtime.engine.engine import EngineConfig
     from runtime.engine.profile import Profile
     from runtime.knobs import Knobs
-    from train import evaluate_controller
 
     window = time_window(resolve_trace("synthetic"), 0.0, 20.0)
     knobs = Knobs(5.0, 2048, 0.6)
@@ -173,12 +173,12 @@ def test_with_a_co_tenant_the_kept_model_is_the_best_score_within_half_a_point_o
 
 def test_the_periodic_evaluation_can_rank_by_interactive_attainment_alone():
     from agents.arena import run_episode
+    from agents.periodic_eval import SELECT_ON, evaluate_controller
     from env.traces import rate_scale, time_window
     from env.traces.resolve import resolve_trace
     from runtime.decider.controller import StaticController
     from runtime.engine.profile import Profile
     from runtime.knobs import Knobs
-    from train import SELECT_ON, evaluate_controller
 
     # the first batch drop (at 300 s), at three times the trace's rate
     window = rate_scale(time_window(resolve_trace("mixed"), 290.0, 340.0), 3.0)
@@ -196,9 +196,10 @@ def test_the_periodic_evaluation_can_rank_by_interactive_attainment_alone():
 
 def test_the_periodic_evaluation_reads_the_busiest_minutes_of_the_train_split():
     """The kept model is chosen on these windows; the final figures are on the eval split."""
+    from agents.periodic_eval import busiest_start, periodic_eval_windows
     from env.traces import TRAIN_SPLIT_S, split
     from env.traces.resolve import resolve_trace
-    from train import Config, busiest_start, periodic_eval_windows
+    from train import Config
 
     cfg = Config(eval_episode_s=300.0, eval_rate_scales=(1.0, 2.0))
     windows = periodic_eval_windows(cfg, [("azure-conv", (1.0, 2.5))])
