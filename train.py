@@ -178,12 +178,12 @@ class Config(EngineChoice):
     """evaluate against the baselines every this many steps"""
     select_on: Literal["all", "interactive"] = "all"
     """the attainment the periodic evaluation ranks models by: of every request, or of the
-    interactive ones (the issue's figures judge those first; batch requests then count only
-    through the arena's batch-on-time figure)"""
+    interactive ones (the scorecard judges those first; batch requests then count only
+    through its batch-on-time target)"""
     select_within: float = 0.005
     """with --cotenant, the kept model is the best score (attainment plus the memory terms) among
-    evaluations whose mean attainment is within this of best static's (the issue's memory
-    figure: half a point); while none is, the best attainment"""
+    evaluations whose mean attainment is within this of best static's (the scorecard's
+    co-tenant memory target: half a point); while none is, the best attainment"""
     eval_oracle: bool = True
     """run the lookahead oracle (an upper bound) once on the periodic evaluation's windows, so
     every evaluation logs the policy's gap to it"""

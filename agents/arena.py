@@ -23,10 +23,10 @@ burst recovery time. The oracle's rows are flagged ``upper_bound`` (it knows the
 - Neighbouring loads: every load past best static's capacity is replayed again at
   :data:`LOAD_NEIGHBOURS` of itself by every controller but the lookahead searches, for the
   never-worse figure.
-- The issue's figures (:mod:`agents.figures`): every controller beside best static and the
-  oracle, judged against the issue's bars, computed from the rows above and from rows at the
-  figure loads (:data:`FIGURE_LOADS`, multiples of best static's capacity at 99%), which run
-  only where no row at that load exists; the frontier is replayed there too.
+- The scorecard (:mod:`agents.scorecard`): every controller beside best static and the
+  oracle, judged against the project's targets, computed from the rows above and from rows at
+  the scorecard loads (:data:`SCORECARD_LOADS`, multiples of best static's capacity at 99%),
+  which run only where no row at that load exists; the frontier is replayed there too.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agents.controllers.best_static import GRID, RATIO_KNOB, BestStatic, BestStaticController
-from agents.figures import REFERENCE, TARGET, issue_figures
 from agents.oracle import ORACLE_NAME, SEARCH_NAMES, OracleConfig
 from agents.parallel import JobRunner
 from agents.registry import EvalSpec, best_static, make_controller
+from agents.scorecard import REFERENCE, TARGET, scorecard
 from env.replay import replay
 from env.traces import rate_scale, split
 from env.traces.resolve import resolve_trace, trace_label
@@ -68,17 +68,17 @@ FRONTIER_RATIOS: tuple[float, ...] = tuple(GRID[RATIO_KNOB])
 """the KV ratios of the static frontier by default: those of best static's grid (0.5 to 0.95),
 whose picks its own search already holds, so the default frontier adds replays, not searches"""
 PAST_CAPACITY_MULTIPLES: tuple[float, ...] = (2.0, 4.0)
-"""loads past capacity, as multiples of best static's capacity at 99% attainment (the issue's
-"no collapse" loads)"""
+"""loads past capacity, as multiples of best static's capacity at 99% attainment (the "no
+collapse" loads: shedding late requests should keep goodput there near goodput at capacity)"""
 LOAD_NEIGHBOURS: tuple[float, ...] = (0.98, 0.99, 1.01, 1.02)
 """multiples of each load past best static's capacity at which every controller but the
 lookahead searches replays again (rows with ``"neighbour_of"``), so that the never-worse figure
-there is judged on the mean of the load and its neighbours (:func:`agents.figures.worst_margin`):
+there is judged on the mean of the load and its neighbours (:func:`agents.scorecard.worst_margin`):
 past capacity one replay's attainment moves by up to a point when the load moves by half a
 percent (conversation's held-out split at 4x capacity), more than most margins between
 controllers, while capacity itself is measured only to 2%"""
-FIGURE_LOADS: tuple[float, ...] = (1.0, 0.5)
-"""the issue figures' loads (co-tenant memory, batch goodput), as multiples of best static's
+SCORECARD_LOADS: tuple[float, ...] = (1.0, 0.5)
+"""the scorecard's loads (co-tenant memory, batch goodput), as multiples of best static's
 capacity at 99% attainment"""
 
 
@@ -355,13 +355,13 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
              progress: bool = True, match_static: float | None = None,
              tuning_scales: tuple[float, ...] | None = None,
              past_capacity: Sequence[float] = (),
-             frontier_ratios: Sequence[float] = (), figure_loads: Sequence[float] = (),
-             figure_rate_scales: Sequence[float] = (),
+             frontier_ratios: Sequence[float] = (), scorecard_loads: Sequence[float] = (),
+             scorecard_rate_scales: Sequence[float] = (),
              oracle: OracleConfig | None = None,
              capacity_controllers: Sequence[str] | None = None,
              neighbours: Sequence[float] = ()) -> dict:
     """Run the arena; returns ``{"rows", "capacity", "static_match", "past_capacity",
-    "frontier", "figures", "deployment", ...}``.
+    "frontier", "scorecard", "deployment", ...}``.
 
     Rows, capacity bisections and the frontier's replays run in parallel through
     :class:`agents.parallel.JobRunner`: ``workers`` local processes, or Ray with ``ray=True``
@@ -377,13 +377,13 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
         :data:`PAST_CAPACITY_MULTIPLES`; empty here, so training's final evaluation and the
         benchmarks run what they ran)
     :param frontier_ratios: the KV ratios of the static frontier, best static's setting at each
-        (:func:`agents.registry.best_static`) measured at each of ``scales`` and of the figure
-        loads (the command's default: :data:`FRONTIER_RATIOS`; empty here: none)
-    :param figure_loads: the issue figures' loads (:mod:`agents.figures`), multiples of best
+        (:func:`agents.registry.best_static`) measured at each of ``scales`` and of the
+        scorecard loads (the command's default: :data:`FRONTIER_RATIOS`; empty here: none)
+    :param scorecard_loads: the scorecard's loads (:mod:`agents.scorecard`), multiples of best
         static's capacity at 99% (needs it, as ``past_capacity`` does; the command's default:
-        :data:`FIGURE_LOADS`; empty here); every controller runs there unless a row at that
-        rate scale exists already (rows with ``"figure_load_multiple"``)
-    :param figure_rate_scales: the figure loads as rate scales instead (the same on every
+        :data:`SCORECARD_LOADS`; empty here); every controller runs there unless a row at that
+        rate scale exists already (rows with ``"scorecard_load_multiple"``)
+    :param scorecard_rate_scales: the scorecard loads as rate scales instead (the same on every
         trace)
     :param oracle: how the oracle searches (None: :class:`agents.oracle.OracleConfig`'s
         defaults)
@@ -450,20 +450,20 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
             for (m, _), row in zip(past, done):
                 row["past_capacity_multiple"] = m
                 rows.append(row)
-        if figure_rate_scales:
+        if scorecard_rate_scales:
             loads = [{"trace": trace_label(t), "rate_scale": s, "multiple": None}
-                     for t in traces for s in figure_rate_scales]
-        elif figure_loads:
+                     for t in traces for s in scorecard_rate_scales]
+        elif scorecard_loads:
             loads = [{"trace": trace_label(t), "rate_scale": m * ref[trace_label(t)],
                       "multiple": m} for t in traces if ref.get(trace_label(t), 0) > 0
-                     for m in figure_loads]
+                     for m in scorecard_loads]
         have = {(r["trace"], r["controller"], r["rate_scale"]) for r in rows}
         fl = [(ld, (specs[t], c, ld["rate_scale"], False)) for t in traces for ld in loads
               if ld["trace"] == trace_label(t) for c in controllers
               if (ld["trace"], c, ld["rate_scale"]) not in have]
         for (ld, _), row in zip(fl, pool.map(_row_job, [job for _, job in fl],
-                                             desc="runs at the figure loads")):
-            row["figure_load_multiple"] = ld["multiple"]
+                                             desc="runs at the scorecard loads")):
+            row["scorecard_load_multiple"] = ld["multiple"]
             rows.append(row)
         if neighbours and ref:
             nb = [(s, (specs[t], c, s * k, False)) for t in traces
@@ -478,11 +478,10 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
                  for s in dict.fromkeys([*scales, *(ld["rate_scale"] for ld in loads
                                                     if ld["trace"] == trace_label(t))])]
         frontier.extend(pool.map(_frontier_job, fjobs, desc="static frontier"))
-    figures = issue_figures(rows, cap, matched, frontier, loads,
-                            cotenant=config.cotenant is not None)
+    card = scorecard(rows, cap, matched, frontier, loads, cotenant=config.cotenant is not None)
     return {"rows": rows, "capacity": cap, "static_match": matched,
             "past_capacity": past_capacity_table(rows, cap), "frontier": frontier,
-            "figures": figures, "deployment": deployment(config),
+            "scorecard": card, "deployment": deployment(config),
             "oracle": (dataclasses.asdict(oracle)
                        if set(SEARCH_NAMES) & set(controllers) else None),
             "split": part, "interval_s": interval_s,

@@ -3,12 +3,12 @@
     python -m agents.choose --trace mixed --candidates runs/run-a,runs/run-b,policy.onnx \\
         --admission shed --admission-slack 0.5 --cotenant
 
-The rule is the co-tenant memory figure's own (:mod:`agents.figures`): best static's capacity
-at 99% on the split (``L*``) sets the loads (``--loads`` times it: half and all of it by
+The rule is the scorecard's co-tenant memory target (:mod:`agents.scorecard`): best static's
+capacity at 99% on the split (``L*``) sets the loads (``--loads`` times it: half and all of it by
 default); every candidate runs there beside best static; a candidate whose mean interactive
 attainment over those loads is within ``--within`` (half a point) of best static's is eligible,
 and the eligible one with the least mean KV memory is chosen. The table also says whether each
-candidate attains at ``L*`` at least what best static attains there (the capacity figure's bar
+candidate attains at ``L*`` at least what best static attains there (the capacity target's bar
 at the one load where it is decided); ``--hold-capacity`` makes that a condition of
 eligibility too. Nothing here reads the held-out
 split unless ``--split`` says so: the held-out figures (``python -m agents.evaluate --split
@@ -29,8 +29,8 @@ import tyro
 
 from agents.arena import evaluate
 from agents.evaluate import positive_numbers
-from agents.figures import MEMORY_ATTAINMENT_SLACK, REFERENCE, TARGET
 from agents.registry import EvalSpec, make_controller
+from agents.scorecard import MEMORY_ATTAINMENT_SLACK, REFERENCE, TARGET
 from env.engine_choice import EngineChoice
 from env.traces.resolve import resolve_trace, trace_label
 from runtime.engine.roofline import ProfileChoice

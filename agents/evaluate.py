@@ -7,14 +7,14 @@
 
 Prints a markdown table (per-class figures, shed and late counts, memory and the co-tenant's
 share served), each controller's capacity, its goodput past capacity and the static frontier
-(:mod:`agents.arena`), then the issue's figures, every controller beside best static and the
-oracle with pass or fail against the issue's bar (:mod:`agents.figures`; run at
-``--figure-loads``), and writes the results as JSON (the figures under ``"figures"``) and the
-plots, the Pareto plot of attainment against KV memory among them, to ``--out``
+(:mod:`agents.arena`), then the scorecard, every controller beside best static and the oracle
+with pass or fail against the project's targets (:mod:`agents.scorecard`, docs/scorecard.md; run
+at ``--scorecard-loads``), and writes the results as JSON (the scorecard under ``"scorecard"``)
+and the plots, the Pareto plot of attainment against KV memory among them, to ``--out``
 (:mod:`agents.report`). Controllers are named as the registry names them
 (:mod:`agents.registry`); the oracle is an upper bound and is labelled so everywhere; how it
 searches is ``--oracle.*`` (:class:`agents.oracle.OracleConfig`: the bracketed example searches
-the KV ratio at a memory price, as the co-tenant figures need).
+the KV ratio at a memory price, as the co-tenant memory target needs).
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ from typing import Literal
 import tyro
 
 from agents.arena import (
-    FIGURE_LOADS,
     FRONTIER_RATIOS,
     LOAD_NEIGHBOURS,
     PAST_CAPACITY_MULTIPLES,
     RATIO_KNOB,
+    SCORECARD_LOADS,
     evaluate,
 )
-from agents.figures import REFERENCE
 from agents.oracle import CAUSAL_NAME, FORECAST_NAME, ORACLE_NAME, OracleConfig
 from agents.registry import BASELINES, EvalSpec, make_controller
-from agents.report import figures_table, markdown_table, plot, write_json
+from agents.report import markdown_table, plot, scorecard_table, write_json
+from agents.scorecard import REFERENCE
 from env.engine_choice import EngineChoice
 from env.traces.resolve import resolve_trace
 from runtime.engine.roofline import ProfileChoice
@@ -71,7 +71,7 @@ class Config(ProfileChoice, EngineChoice):
     capacity_controllers: str | None = None
     """the controllers whose capacity is searched, comma-separated (default: every one; the
     oracle's bisection costs most of an oracle run, and best static's sets the loads past
-    capacity and the figure loads)"""
+    capacity and the scorecard loads)"""
     past_capacity: str = ",".join(f"{m:g}" for m in PAST_CAPACITY_MULTIPLES)
     """loads past capacity, comma-separated multiples of best static's capacity at 99%: every
     controller runs there and its goodput is reported as a share of its goodput at its own
@@ -88,17 +88,17 @@ class Config(ProfileChoice, EngineChoice):
     another ratio is searched, then cached; "" skips)"""
     match_static: float | None = None
     """also run every controller at the load where the static default (first come first
-    served, classes ignored) attains this share of interactive requests (e.g. 0.68: the issue's
-    headline)"""
-    figure_loads: str = ",".join(f"{m:g}" for m in FIGURE_LOADS)
-    """the issue figures' loads (co-tenant memory, batch goodput, their shares of the oracle's
+    served, classes ignored) attains this share of interactive requests (e.g. 0.68: the
+    scorecard's headline target)"""
+    scorecard_loads: str = ",".join(f"{m:g}" for m in SCORECARD_LOADS)
+    """the scorecard's loads (co-tenant memory, batch goodput, their shares of the oracle's
     gain), comma-separated multiples of best static's capacity at 99% (needs best-static among
     --controllers and the capacity search; "" skips)"""
-    figure_rate_scales: str = ""
-    """the issue figures' loads as rate scales instead, comma-separated (every trace)"""
+    scorecard_rate_scales: str = ""
+    """the scorecard's loads as rate scales instead, comma-separated (every trace)"""
     oracle: OracleConfig = field(default_factory=OracleConfig)
     """how the oracle searches (the co-tenant search of the KV ratio: the candidates
-    agents.oracle.KV_CANDIDATES at the price KV_MEMORY_PRICE; README, "The issue's figures")"""
+    agents.oracle.KV_CANDIDATES at the price KV_MEMORY_PRICE; docs/scorecard.md)"""
     workers: int = 2
     """worker processes (or the CPUs of a local Ray with --ray)"""
     ray: bool = False
@@ -109,7 +109,7 @@ class Config(ProfileChoice, EngineChoice):
     json: bool = False
     """print one JSON object instead of the table"""
     report: Path | None = None
-    """print the tables of a results.json an earlier run wrote (the figures among them) and run
+    """print the tables of a results.json an earlier run wrote (the scorecard among them) and run
     nothing"""
 
     def scales(self) -> list[float]:
@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         if 1.0 in neighbours:
             raise ValueError("--load-neighbours: 1 is the load itself, not a neighbour")
         ratios = positive_numbers(cfg.frontier_ratios, "--frontier-ratios")
-        figure_loads = positive_numbers(cfg.figure_loads, "--figure-loads")
-        figure_scales = positive_numbers(cfg.figure_rate_scales, "--figure-rate-scales")
+        card_loads = positive_numbers(cfg.scorecard_loads, "--scorecard-loads")
+        card_scales = positive_numbers(cfg.scorecard_rate_scales, "--scorecard-rate-scales")
         ratio = KNOB_SPECS[KNOB_NAMES.index(RATIO_KNOB)]
         for r in ratios:
             if not ratio.low <= r <= ratio.high:
@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                       profile_path=profile, config=config, capacity=cfg.capacity,
                       workers=cfg.workers, ray=cfg.ray or None, progress=not cfg.json,
                       match_static=cfg.match_static, tuning_scales=tuning,
-                      past_capacity=past, frontier_ratios=ratios, figure_loads=figure_loads,
-                      figure_rate_scales=figure_scales, oracle=cfg.oracle,
+                      past_capacity=past, frontier_ratios=ratios, scorecard_loads=card_loads,
+                      scorecard_rate_scales=card_scales, oracle=cfg.oracle,
                       capacity_controllers=searched, neighbours=neighbours)
     plots = plot(result["rows"], cfg.out, result["frontier"])
     path = write_json(result, cfg.out / "results.json")
@@ -209,10 +209,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def tables(result: dict) -> str:
     """The arena's tables (the rows at neighbouring loads left out: they only feed the
-    never-worse figure, and results.json keeps them), then the issue's figures, as markdown."""
+    never-worse target, and results.json keeps them), then the scorecard, as markdown."""
     rows = [r for r in result["rows"] if "neighbour_of" not in r]
+    # a results.json written before the scorecard had its name keeps it under "figures"
+    card = result["scorecard"] if "scorecard" in result else result["figures"]
     return (markdown_table(rows, result["capacity"], result["past_capacity"],
-                           result["frontier"]) + "\n\n" + figures_table(result["figures"]))
+                           result["frontier"]) + "\n\n" + scorecard_table(card))
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ class Setting:
 
 
 DEFAULT_CANDIDATES = "window=5;chunk=256,512,1024,2048,4096,8192,16384;ratio=0.95"
-"""the search of the issue's first cut: every prefill chunk size from 256 to 16384 tokens at a
+"""the first search the oracle ran: every prefill chunk size from 256 to 16384 tokens at a
 5 ms window and a 0.95 ratio (best static's window and ratio on both Azure traces)"""
 
 

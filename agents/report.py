@@ -1,4 +1,4 @@
-"""The arena's report: markdown tables (the issue's figures among them), the JSON results and the
+"""The arena's report: markdown tables (the scorecard among them), the JSON results and the
 plots (attainment against load, one window over time, and the Pareto plot of interactive
 attainment against KV memory)."""
 
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agents.arena import RATIO_KNOB, is_upper_bound
-from agents.figures import REFERENCE
 from agents.oracle import ORACLE_LABEL, SEARCHES
+from agents.scorecard import REFERENCE
 from runtime.knobs import KNOB_NAMES, KNOB_SPECS
 
 
@@ -46,8 +46,8 @@ def _rate(r: dict) -> str:
         rate += " (static match)"
     if "past_capacity_multiple" in r:
         rate += f" ({r['past_capacity_multiple']:g}x {REFERENCE} cap.)"
-    if r.get("figure_load_multiple") is not None:
-        rate += f" ({r['figure_load_multiple']:g}x {REFERENCE} cap., figures)"
+    if r.get("scorecard_load_multiple") is not None:
+        rate += f" ({r['scorecard_load_multiple']:g}x {REFERENCE} cap., scorecard)"
     return rate
 
 
@@ -125,17 +125,18 @@ def _beside(cell: dict | None) -> str:
     return cell["text"] if cell["value"] is not None else f"({cell['verdict']})"
 
 
-def figures_table(figures: dict) -> str:
-    """The issue's figures (:mod:`agents.figures`) as markdown: one row per trace, figure and
-    load; best static and the oracle (an upper bound) beside every controller, whose cell says
-    pass or FAIL against the bar (or why it is not judged); then the notes, what was not
+def scorecard_table(card: dict) -> str:
+    """The scorecard (:mod:`agents.scorecard`) as markdown: one row per trace, target and load;
+    best static and the oracle (an upper bound) beside every controller, whose cell says pass or
+    FAIL against the target's bar (or why it is not judged); then the notes, what was not
     measured, and each controller's count of passes."""
-    table = figures["table"]
+    table = card["table"]
     names = list(dict.fromkeys(c for g in table for c in g["controllers"]))
-    head = ["trace", "figure", "load", "bar", "best static", ORACLE_LABEL,
+    head = ["trace", "target", "load", "bar", "best static", ORACLE_LABEL,
             *(short_name(c) for c in names)]
-    lines = ["Issue figures: every controller beside best static and the oracle (an upper "
-             "bound), judged against the issue's bar", "",
+    lines = ["Scorecard: every controller beside best static and the oracle (an upper bound), "
+             "against the project's targets (docs/scorecard.md says why each is set where it "
+             "is)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in table:
         cells = " | ".join(_judged(g["controllers"].get(c)) for c in names)
@@ -143,9 +144,9 @@ def figures_table(figures: dict) -> str:
                      f"{_beside(g['best_static'])} | {_beside(g['oracle'])} | {cells} |")
     notes = [f"- {g['trace']}, {g['title']}{', ' + g['load'] if g['load'] else ''}: "
              f"{g['note']}" for g in table if g["note"]]
-    notes += [f"- not measured: {why}" for why in figures["not_measured"]]
+    notes += [f"- not measured: {why}" for why in card["not_measured"]]
     notes += [f"- {short_name(c)}: {s['pass']} pass, {s['fail']} fail, {s['not judged']} not "
-              "judged" for c, s in figures["summary"].items()]
+              "judged" for c, s in card["summary"].items()]
     return "\n".join(lines + ([""] + notes if notes else []))
 
 

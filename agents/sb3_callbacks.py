@@ -97,8 +97,8 @@ class PeriodicEval(BaseCallback):
     :param timeline_len: decisions of the knobs-over-time table (the first window's, when the
         first window is at least this long)
     :param attainment_floor: with a score, only evaluations whose mean attainment reaches this
-        compete on score (the issue's memory figure: attainment within half a point of best
-        static's); while none does, the best mean attainment is kept
+        compete on score (the scorecard's co-tenant memory target: attainment within half a
+        point of best static's); while none does, the best mean attainment is kept
     """
 
     def __init__(self, evaluate: Callable[[Any], dict[str, float]], venv: VecNormalize,

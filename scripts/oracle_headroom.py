@@ -41,7 +41,7 @@ Capacities are printed with the oracle's gain and, in brackets, the least and th
 be given where each bisection stopped.
 
 A lever is worth learning iff the oracle beats best static by at least
-:data:`agents.figures.ORACLE_GAIN_BAR` (10%) on some
+:data:`agents.scorecard.ORACLE_GAIN_BAR` (10%) on some
 figure of some trace: capacity or batch goodput or goodput share 10% higher, or 10% less memory.
 Each finished (lever, trace) cell is written to ``--out`` at once, and a rerun skips the cells
 already there, so partial results survive and a long run can be resumed.
@@ -61,7 +61,6 @@ import numpy as np
 
 from agents.arena import _window, find_capacity, run_episode
 from agents.controllers.best_static import best_static_knobs
-from agents.figures import ORACLE_GAIN_BAR, TARGET, per_arrival_second
 from agents.oracle import (
     DEFAULT_CANDIDATES,
     KV_CANDIDATES,
@@ -74,6 +73,7 @@ from agents.oracle import (
     parse_candidates,
 )
 from agents.registry import EvalSpec
+from agents.scorecard import ORACLE_GAIN_BAR, TARGET, per_arrival_second
 from env.traces.cotenant import cotenant_demand
 from env.traces.resolve import trace_label
 from runtime.decider.decision import Decision, decided_by

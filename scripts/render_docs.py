@@ -1,7 +1,8 @@
-"""Render the spec tables (knobs, observation, reward) from code into docs/spec.md.
+"""Render the tables written in code into docs/: the spec (knobs, observation, reward) into
+docs/spec.md, the scorecard's targets into docs/scorecard.md.
 
-    python scripts/render_docs.py            # rewrite docs/spec.md
-    python scripts/render_docs.py --check    # exit 1 if docs/spec.md is stale (the tests do this)
+    python scripts/render_docs.py            # rewrite both
+    python scripts/render_docs.py --check    # exit 1 if either is stale (the tests do this)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import tyro
 from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, NUM_KNOBS
 from runtime.observation import SPEC_ADAPTERS, SPEC_VERSION, observation_table
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "spec.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def render() -> str:
@@ -56,23 +57,67 @@ def render() -> str:
                               "cotenant_value")) + "\n")
 
 
+def render_scorecard() -> str:
+    from agents.arena import LOAD_NEIGHBOURS, SCORECARD_LOADS
+    from agents.scorecard import NEVER_WORSE_THAN, REFERENCE, TARGET, TARGETS
+
+    loads = " and ".join(f"{m:g}" for m in SCORECARD_LOADS)
+    neighbours = ", ".join(f"{m:g}" for m in LOAD_NEIGHBOURS)
+    parts = [
+        "# The scorecard: the project's targets\n\n"
+        "Rendered from the code (`agents/scorecard.py`) by `python scripts/render_docs.py`; do "
+        "not edit by hand.\n\n"
+        "Every arena run (`python -m agents.evaluate`) ends with a scorecard: per trace, each "
+        f"controller beside `{REFERENCE}` (the reference: the best fixed setting, tuned on the "
+        "trace's train split) and the lookahead oracle (an upper bound: it knows the arrivals "
+        "to come), each cell `pass`, `FAIL` with the reason, or why it is not judged. A target "
+        "whose inputs the run did not measure (no co-tenant, no capacity search, no oracle, no "
+        "static match, no batch work) is reported as not measured, never filled in. It is "
+        "printed after the arena's tables, kept under `\"scorecard\"` in `results.json`, and "
+        "`python -m agents.evaluate --report results.json` prints it again.\n\n"
+        f"Where a target is judged at a load: `L*` is {REFERENCE}'s capacity at "
+        f"{TARGET:.0%} interactive attainment on the same trace, and the scorecard loads are "
+        f"{loads} times it (`--scorecard-loads`, or `--scorecard-rate-scales`); the headline "
+        "is judged at the static match (`--match-static 0.68`); the never-worse margin against "
+        f"{', '.join(NEVER_WORSE_THAN)} over every load the run holds, past `L*` as the mean "
+        f"over the load and its neighbours at {neighbours} of it (`--load-neighbours`).\n\n"
+        "| target | what it reads | bar |\n|---|---|---|"]
+    parts += [f"| `{name}` | {t.title} | {t.bar} |" for name, t in TARGETS.items()]
+    seen: set[str] = set()
+    for t in TARGETS.values():
+        if t.why in seen:
+            continue
+        same = [n for n, o in TARGETS.items() if o.why == t.why]
+        seen.add(t.why)
+        parts.append(f"\n## {', '.join(f'`{n}`' for n in same)}\n\n"
+                     f"What it reads: {'; '.join(TARGETS[n].title for n in same)}. "
+                     f"Bar: {t.bar}.\n\nWhy: {t.why}")
+    return "\n".join(parts) + "\n"
+
+
+RENDERED = {"spec.md": render, "scorecard.md": render_scorecard}
+"""each page of docs/ that is rendered from the code, and its renderer"""
+
+
 @dataclass
 class Args:
     check: bool = False
-    """only check that docs/spec.md is current (exit 1 if stale) instead of writing it"""
+    """only check that the rendered pages are current (exit 1 if one is stale) instead of
+    writing them"""
 
 
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
-    text = render()
-    if args.check:
-        if not DOC.exists() or DOC.read_text() != text:
-            print(f"{DOC} is stale: run python scripts/render_docs.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(text)
-    print(f"wrote {DOC}")
-    return 0
+    stale = 0
+    for name, renderer in RENDERED.items():
+        doc, text = DOCS / name, renderer()
+        if not args.check:
+            doc.write_text(text)
+            print(f"wrote {doc}")
+        elif not doc.exists() or doc.read_text() != text:
+            print(f"{doc} is stale: run python scripts/render_docs.py", file=sys.stderr)
+            stale = 1
+    return stale
 
 
 if __name__ == "__main__":

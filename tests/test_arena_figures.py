@@ -1,6 +1,6 @@
 """The arena's figures for the levers, on three minutes of the real Azure code trace (240 s to
 420 s, 332 requests) with batch drops: per-class columns, goodput past capacity, memory and the
-static frontier, the oracle labelled as an upper bound, the Pareto plot, and the issue's figures
+static frontier, the oracle labelled as an upper bound, the Pareto plot, and the scorecard
 block for a policy of the current spec. One arena command runs once for the module (admission
 shed at slack 0.5, the default co-tenant); each test checks its figures against the arena's own
 data path run directly or against its own rows. Skipped where the trace is absent."""
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from agents.arena import (
-    FIGURE_LOADS,
     LOAD_NEIGHBOURS,
+    SCORECARD_LOADS,
     _row_job,
     run_episode,
     static_default,
@@ -27,9 +27,9 @@ from agents.arena import (
 )
 from agents.controllers.best_static import GRID, BestStaticController, select_best
 from agents.evaluate import main as evaluate_main
-from agents.figures import NEVER_WORSE_THAN, batch_goodput
 from agents.registry import EvalSpec, best_static, make_controller, policy_file
-from agents.report import figures_table, markdown_table, plot, write_json
+from agents.report import markdown_table, plot, scorecard_table, write_json
+from agents.scorecard import NEVER_WORSE_THAN, batch_goodput
 from env.engine_choice import EngineChoice
 from env.replay import replay
 from env.traces.locations import azure_trace_path, traces_dir
@@ -160,7 +160,7 @@ def test_goodput_past_capacity_is_each_goodput_shown_over_the_goodput_at_capacit
 def test_each_frontier_point_is_best_static_at_its_ratio(arena, ratio):
     spec, result, _ = arena
     points = result["frontier"]
-    loads = [ld["rate_scale"] for ld in result["figures"]["loads"]]
+    loads = [ld["rate_scale"] for ld in result["scorecard"]["loads"]]
     assert sorted((p["kv_cache_ratio"], p["rate_scale"]) for p in points) == sorted(
         itertools.product(RATIOS, [*SCALES, *loads]))
     # best static's search at the ratio, by hand: every other knob of its grid replayed on the
@@ -206,15 +206,15 @@ def test_the_oracle_is_labelled_an_upper_bound_in_the_table_json_and_pareto_plot
     assert written["rows"][-1]["upper_bound"] is True
 
 
-def test_the_issue_figures_stand_on_the_arenas_own_rows(arena):
+def test_the_scorecard_stands_on_the_arenas_own_rows(arena):
     spec, result, _ = arena
-    f = result["figures"]
+    f = result["scorecard"]
     rows = result["rows"]
     caps = {c["controller"]: c for c in result["capacity"]}
     l_star = caps["best-static"]["capacity_99"]
-    # the figure loads are multiples of best static's capacity, every controller ran there
+    # the scorecard loads are multiples of best static's capacity, every controller ran there
     assert f["loads"] == [{"trace": "code240", "rate_scale": m * l_star, "multiple": m}
-                          for m in FIGURE_LOADS]
+                          for m in SCORECARD_LOADS]
 
     def row(name: str, scale: float) -> dict:
         (r,) = [r for r in rows if r["controller"] == name and r["rate_scale"] == scale]
@@ -222,8 +222,8 @@ def test_the_issue_figures_stand_on_the_arenas_own_rows(arena):
 
     for ld in f["loads"]:
         for name in CONTROLLERS:
-            assert row(name, ld["rate_scale"])["figure_load_multiple"] == ld["multiple"]
-    groups = {(g["figure"], g["rate_scale"]): g for g in f["table"]}
+            assert row(name, ld["rate_scale"])["scorecard_load_multiple"] == ld["multiple"]
+    groups = {(g["target"], g["rate_scale"]): g for g in f["table"]}
     for ld in f["loads"]:
         s = ld["rate_scale"]
         mem = groups["cotenant_memory", s]
@@ -265,7 +265,7 @@ def test_the_issue_figures_stand_on_the_arenas_own_rows(arena):
     # static's capacity every controller also ran at the load's neighbours, and the margin
     # there is the mean over the load and them
     own = [r for r in rows if r["controller"] == POLICY and "neighbour_of" not in r]
-    assert len(own) == len(SCALES) + 1 + 2 + len(FIGURE_LOADS)  # + match + 2x, 4x cap.
+    assert len(own) == len(SCALES) + 1 + 2 + len(SCORECARD_LOADS)  # + match + 2x, 4x cap.
     margins = []
     for r in own:
         s = r["rate_scale"]
@@ -283,17 +283,17 @@ def test_the_issue_figures_stand_on_the_arenas_own_rows(arena):
     assert worst["margin_pt"] == pytest.approx(min(margins), abs=1e-9)
     assert worst["against"] in NEVER_WORSE_THAN
     assert set(groups["never_worse", None]["controllers"]) == {"static", POLICY}
-    table = figures_table(f)
-    assert table.splitlines()[2] == ("| trace | figure | load | bar | best static | oracle "
+    table = scorecard_table(f)
+    assert table.splitlines()[2] == ("| trace | target | load | bar | best static | oracle "
                                      "(upper bound) | static | pid | "
                                      "policy:fixtures/policy-test-1 |")
 
 
-def test_report_prints_the_tables_of_a_saved_run_figures_included(arena, capsys):
+def test_report_prints_the_tables_of_a_saved_run_scorecard_included(arena, capsys):
     _, result, tmp = arena
     assert evaluate_main(["--report", str(tmp / "ev" / "results.json")]) == 0
     out = capsys.readouterr().out
-    assert out.strip().endswith(figures_table(result["figures"]))
+    assert out.strip().endswith(scorecard_table(result["scorecard"]))
     assert out.startswith("| trace | controller | rate x |")
 
 

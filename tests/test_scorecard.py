@@ -1,7 +1,7 @@
-"""The issue's figures (agents/figures.py) on hand-made arena rows: every figure's arithmetic and
+"""The scorecard (agents/scorecard.py) on hand-made arena rows: every target's arithmetic and
 verdict with exact numbers, and what is reported as not measured when its inputs were not run.
 
-The made-up trace ``t``: best static's capacity at 99% is x0.5, so the figure loads are x0.5 (1x)
+The made-up trace ``t``: best static's capacity at 99% is x0.5, so the scorecard loads are x0.5 (1x)
 and x0.25 (0.5x); the static default's match load is x0.7."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import agents.evaluate
-from agents.figures import frontier_attainment, issue_figures, unreachable_memory
 from agents.oracle import KV_CANDIDATES, KV_MEMORY_PRICE
-from agents.report import figures_table
+from agents.report import scorecard_table
+from agents.scorecard import TARGETS, frontier_attainment, scorecard, unreachable_memory
 
 POLICY = "policy:runs/p/policy.onnx"
 LOADS = [{"trace": "t", "rate_scale": 0.5, "multiple": 1.0},
@@ -65,7 +65,7 @@ def _rows() -> list[dict]:
     return rows
 
 
-def _figures(**changes) -> dict:
+def _card(**changes) -> dict:
     args = {"rows": _rows(),
             "capacity": [{"trace": "t", "controller": c, "capacity_99": v}
                          for c, v in CAPACITY.items()],
@@ -74,11 +74,11 @@ def _figures(**changes) -> dict:
                           "interactive_attainment": a} for s, pts in FRONTIER.items()
                          for kv, a in pts],
             "loads": LOADS, "cotenant": True, **changes}
-    return issue_figures(**args)
+    return scorecard(**args)
 
 
-def _group(figures: dict, figure: str, scale: float | None = None) -> dict:
-    (g,) = [g for g in figures["table"] if g["figure"] == figure and g["rate_scale"] == scale]
+def _group(card: dict, target: str, scale: float | None = None) -> dict:
+    (g,) = [g for g in card["table"] if g["target"] == target and g["rate_scale"] == scale]
     return g
 
 
@@ -95,7 +95,7 @@ def test_the_frontier_is_a_running_maximum_over_memory_interpolated_between_its_
 
 
 def test_cotenant_memory_passes_within_half_a_point_at_seventy_percent_of_best_statics_kv():
-    g = _group(_figures(), "cotenant_memory", 0.5)
+    g = _group(_card(), "cotenant_memory", 0.5)
     assert g["load"] == "x0.5 (1x best-static cap.)"
     assert g["best_static"]["value"] == 20.0
     assert g["oracle"]["value"] == 12.0 and g["oracle"]["text"] == "12.00 GiB @ 99.20% (0.60x)"
@@ -123,7 +123,7 @@ def test_cotenant_memory_passes_within_half_a_point_at_seventy_percent_of_best_s
 
 
 def test_the_share_of_the_oracles_gain_is_judged_only_where_the_oracle_gains_ten_percent():
-    f = _figures()
+    f = _card()
     mem = _group(f, "oracle_share_memory", 0.5)
     assert mem["oracle"]["gain"] == pytest.approx(0.4)
     p = mem["controllers"][POLICY]
@@ -156,7 +156,7 @@ def test_the_share_of_the_oracles_gain_is_judged_only_where_the_oracle_gains_ten
 
 
 def test_under_a_ten_percent_oracle_gain_there_is_no_bar():
-    f = _figures(capacity=[{"trace": "t", "controller": c, "capacity_99": v}
+    f = _card(capacity=[{"trace": "t", "controller": c, "capacity_99": v}
                            for c, v in {**CAPACITY, "oracle": 0.54}.items()])
     cell = _group(f, "oracle_share_capacity_99")["controllers"][POLICY]
     assert cell["pass"] is None and cell["value"] is None  # no share of a gain under the bar
@@ -165,7 +165,7 @@ def test_under_a_ten_percent_oracle_gain_there_is_no_bar():
 
 
 def test_batch_goodput_at_99_percent_interactive_against_best_static_by_1_3x():
-    f = _figures()
+    f = _card()
     low = _group(f, "batch_goodput", 0.25)
     p = low["controllers"][POLICY]
     assert p["value"] == 840.0 and p["ratio"] == pytest.approx(1.4) and p["pass"] is True
@@ -182,7 +182,7 @@ def test_batch_goodput_at_99_percent_interactive_against_best_static_by_1_3x():
 
 
 def test_capacity_headline_and_never_worse():
-    f = _figures()
+    f = _card()
     cap = _group(f, "capacity_99")
     assert cap["controllers"][POLICY]["text"] == "x0.58 (1.16x)"
     assert cap["controllers"][POLICY]["pass"] is True
@@ -220,7 +220,7 @@ def test_never_worse_past_capacity_is_the_mean_over_the_load_and_its_neighbours(
             base = next(r for r in rows if r["controller"] == name and r["rate_scale"] == 0.7)
             rows.append({**{key: v for key, v in base.items() if key != "matched_static"},
                          "rate_scale": 0.7 * k, "slo_attainment": slo, "neighbour_of": 0.7})
-    worse = _group(_figures(rows=rows), "never_worse")
+    worse = _group(_card(rows=rows), "never_worse")
     p = worse["controllers"][POLICY]
     margins = [(0.9995 - 1.0) * 100, *((v[0] - v[1]) * 100 for v in near.values())]
     mean = sum(margins) / 5
@@ -231,13 +231,13 @@ def test_never_worse_past_capacity_is_the_mean_over_the_load_and_its_neighbours(
     assert p["margin_pt"] == 0.0 and p["pass"] is True
     # with the policy's neighbours only, nothing is paired but the load itself: as before
     only = [r for r in rows if "neighbour_of" not in r or r["controller"] == POLICY]
-    q = _group(_figures(rows=only), "never_worse")["controllers"][POLICY]
+    q = _group(_card(rows=only), "never_worse")["controllers"][POLICY]
     assert q["margin_pt"] == pytest.approx(-0.05) and q["loads"] == 1 and q["pass"] is False
     # a neighbourhood that stays under a baseline fails on its mean, and says how it was taken
     for r in rows:
         if r.get("neighbour_of") == 0.7 and r["controller"] == "aimd":
             r["slo_attainment"] = 1.0
-    w = _group(_figures(rows=rows), "never_worse")["controllers"][POLICY]
+    w = _group(_card(rows=rows), "never_worse")["controllers"][POLICY]
     under = [(0.9995 - 1.0) * 100, *((v[0] - 1.0) * 100 for v in near.values())]
     assert w["margin_pt"] == pytest.approx(sum(under) / 5) and w["pass"] is False
     assert w["loads"] == 5 and w["neighbourhood"] == pytest.approx((0.98, 1.02))
@@ -250,28 +250,28 @@ def test_what_a_run_did_not_measure_is_said_and_never_filled_in():
     rows = [r for r in _rows() if r["controller"] != "oracle"]
     for r in rows:
         r["batch_requests"] = r["batch_met"] = 0
-    f = issue_figures(rows, [], [], [], [], cotenant=False)
+    f = scorecard(rows, [], [], [], [], cotenant=False)
     assert f["not_measured"] == [
         "co-tenant memory and its share of the oracle's gain: the run lent no memory to a "
         "co-tenant (--cotenant)",
-        "co-tenant memory and batch goodput: no figure loads (they need best-static's "
-        "capacity, or --figure-rate-scales)",
+        "co-tenant memory and batch goodput: no scorecard loads (they need best-static's "
+        "capacity, or --scorecard-rate-scales)",
         "capacity @99% and its share of the oracle's gain: no capacity search (--no-capacity)",
         "the headline: no static match (--match-static 0.68)",
         "every share of the oracle's gain: no oracle among --controllers",
         "batch goodput: no trace with batch requests (e.g. mixed)"]
-    assert [g["figure"] for g in f["table"]] == ["never_worse"]
+    assert [g["target"] for g in f["table"]] == ["never_worse"]
     # without the oracle's rows, a figure it would stand beside says so
-    f = _figures(rows=[r for r in _rows() if r["controller"] != "oracle"])
+    f = _card(rows=[r for r in _rows() if r["controller"] != "oracle"])
     cap = _group(f, "oracle_share_capacity_99")
     assert cap["oracle"]["verdict"] == "not measured: no oracle run"
     assert cap["controllers"][POLICY]["verdict"] == "not measured: no oracle value"
 
 
-def test_the_figures_table_puts_best_static_and_the_oracle_beside_each_controller():
-    text = figures_table(_figures())
+def test_the_scorecard_table_puts_best_static_and_the_oracle_beside_each_controller():
+    text = scorecard_table(_card())
     header = text.splitlines()[2]
-    assert header == ("| trace | figure | load | bar | best static | oracle (upper bound) | "
+    assert header == ("| trace | target | load | bar | best static | oracle (upper bound) | "
                       "policy:p | static | pid | aimd | heuristic |")
     assert ("| t | co-tenant memory: mean KV GiB at interactive attainment | x0.5 (1x "
             "best-static cap.) | attainment >= best static's - 0.5 pt and KV <= 0.7x best "
@@ -301,5 +301,18 @@ def test_a_best_static_at_a_small_pool_leaves_a_memory_bar_no_controller_can_rea
     for r in rows:
         if r["controller"] == "best-static" and r["rate_scale"] == 0.5:
             r["mean_kv_cache_ratio"] = 0.5
-    note = _group(_figures(rows=rows), "cotenant_memory", 0.5)["note"]
+    note = _group(_card(rows=rows), "cotenant_memory", 0.5)["note"]
     assert note.endswith("so no controller can pass")
+
+
+def test_every_target_the_scorecard_judges_is_named_with_its_bar_and_why():
+    card = _card()
+    judged = {g["target"] for g in card["table"]}
+    assert judged == set(TARGETS)  # the made-up run measures every target
+    for g in card["table"]:
+        assert (g["title"], g["bar"]) == (TARGETS[g["target"]].title, TARGETS[g["target"]].bar)
+    assert card["targets"]["capacity_99"] == {
+        "title": "capacity @99%", "bar": ">= best static's",
+        "why": TARGETS["capacity_99"].why}
+    assert all(len(t.why) > 80 for t in TARGETS.values())
+
