@@ -3,7 +3,7 @@
     python train.py                      # the default preset on the embedded synthetic trace
     python train.py --preset smoke       # under a minute, for a quick check
     python train.py --preset full        # the shipped policy's recipe (Azure traces, mixed)
-    batchpilot-train --help              # the same, installed (every Config field is a flag)
+    batchpilot train --help              # the same, installed (every Config field is a flag)
 
     python train.py --trace my_trace.csv --init-from checkpoints/shipped/policy.onnx
 
@@ -280,7 +280,7 @@ def parse_config(argv: list[str] | None = None) -> Config:
 
 def refuse(message: str) -> NoReturn:
     """Exit as argparse does on a bad flag: the message on stderr, status 2."""
-    print(f"train.py: error: {message}", file=sys.stderr)
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 

@@ -10,7 +10,7 @@ slew limit, at once: it only ever gives memory back to serving, which a pool gro
 without moving a block.
 
 A policy carries its guard in its ONNX metadata, ``batchpilot.lend_guard``, a JSON object
-``{"kv_utilization": 0.9, "kv_cache_ratio": 0.95}`` (``python -m agents.install_policy
+``{"kv_utilization": 0.9, "kv_cache_ratio": 0.95}`` (``batchpilot install-policy
 --lend-guard 0.9:0.95`` stamps it), so the arena, the embedded runtime and the REST routes all
 run the policy with the same guard. A policy without the key has none.
 """
