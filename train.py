@@ -172,8 +172,9 @@ class Config(EngineChoice):
     free_knobs: str = ""
     """the knobs the policy moves, comma-separated (empty: all five); the others hold best
     static's value on the training traces (which must agree on them) in the clone, in PPO and
-    in the exported policy. Free only the levers where the oracle finds room (README, "What
-    each lever is worth"): ``kv_cache_ratio`` is the one the imitation oracle searches"""
+    in the exported policy. Free only the levers where the oracle finds room (docs/results.md,
+    "Headroom of run-time control, per lever"): ``kv_cache_ratio`` is the one the imitation
+    oracle searches"""
     eval_every: int = 50_000
     """evaluate against the baselines every this many steps"""
     select_on: Literal["all", "interactive"] = "all"
@@ -219,7 +220,7 @@ class Config(EngineChoice):
 
 SHED_AT_HALF = dict(admission=AdmissionPolicy.SHED, admission_slack=0.5)
 """late requests shed at half a TTFT target of slack: the deployment best static picks and every
-shipped figure uses (README, "What each lever is worth")"""
+shipped figure uses (docs/results.md, "Levers at fixed knobs")"""
 PRESETS: dict[str, dict] = {
     "smoke": dict(total_timesteps=2048, n_envs=2, vec_env="dummy", n_steps=256, batch_size=128,
                   n_epochs=2, episode_s=30.0, eval_every=2048, eval_rate_scales=(1.5,),
@@ -228,12 +229,12 @@ PRESETS: dict[str, dict] = {
                   imitation_windows=2, imitation_horizon_s=2.0, imitation_epochs=30),
     # shed at half: under first come first served the preset's policy lent memory at the price
     # of the queue and fell to 11.65% at twice the trace's rate, where the static default held
-    # 27.64%; shed, it holds 95.65% there against the static default's 95.03% (README, Training)
+    # 27.64%; shed, it holds 95.65% there against the static default's 95.03% (README, Results)
     "default": dict(SHED_AT_HALF),
     # the shipped policy's recipe: the Azure traces and the mixed workload, memory lent to a
     # co-tenant and late requests shed (best static's admission), imitation of the oracle
-    # searching the KV ratio (the one lever whose headroom passes 10%: README, "What each lever
-    # is worth"), then PPO on the reward differential to best static
+    # searching the KV ratio (the one lever whose headroom passes 10%: docs/results.md,
+    # "Headroom of run-time control, per lever"), then PPO on the reward differential to best static
     "full": dict(trace="azure-code@0.3-1.2,azure-conv@1.0-2.5,mixed@0.7-2.8", n_envs=3,
                  cotenant=True, **SHED_AT_HALF,
                  cotenant_value=0.02, memory_price=0.0, warm_start="dagger", dagger_rounds=2,

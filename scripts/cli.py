@@ -9,8 +9,9 @@ Each verb runs the ``main`` of the module that owns the job (train.py, agents/, 
 scripts/), whose command line tyro builds from that module's config dataclass; from a checkout,
 ``python train.py``, ``python -m agents.evaluate`` and ``python scripts/<name>.py`` run the same
 code. A verb's module is imported only when the verb runs, so ``batchpilot --help`` answers at
-once and the runtime's verbs (``serve``, ``roofline-profile``, ``bench decider``) run on a
-runtime-only install (``pip install "batchpilot[cpu]"``); the others need the ``train`` extra.
+once and the runtime's verbs (``serve``, ``profiles``, ``roofline-profile``,
+``check-published``, ``bench decider``) run on a runtime-only install (``pip install
+"batchpilot[cpu]"``); the others need the ``train`` extra.
 """
 
 from __future__ import annotations
