@@ -64,8 +64,9 @@ class VllmSettings:
     """vLLM's seed (dummy weights, sampling)"""
     dtype: str = "auto"
     """weights' dtype (auto: the config's)"""
-    enforce_eager: bool = False
-    """no graph capture or compilation"""
+    enforce_eager: bool = True
+    """no graph capture or compilation (the default: on the CPU the compiled graph costs about
+    20 s more at start, measured here, for a tiny model; give False on a GPU)"""
     extra: dict[str, Any] = field(default_factory=dict)
     """further ``LLM(...)`` arguments"""
 
@@ -124,7 +125,22 @@ class VllmServer:
         kwargs.update(settings.extra)
         t0 = time.perf_counter()
         llm = LLM(**kwargs)
-        return cls(llm, settings, time.perf_counter() - t0)
+        server = cls(llm, settings, time.perf_counter() - t0)
+        server.warm_up()
+        return server
+
+    def warm_up(self) -> float:
+        """Run a few prefills and decodes of assorted sizes, so that the first compiled shapes
+        and allocations are paid before a run's clock starts; returns the seconds it took."""
+        t0 = time.perf_counter()
+        eng = self.engine()
+        sizes = [16, 700]
+        eng.add_requests([0.0] * len(sizes), sizes, [8] * len(sizes))
+        t = 0.0
+        while eng.has_work():
+            t += 0.1
+            eng.run_until(t)
+        return time.perf_counter() - t0
 
     def engine(self, config: EngineConfig | None = None, knobs: Knobs = DEFAULT_KNOBS, *,
                seed: int = 0, record_steps: bool = False) -> VllmEngine:
@@ -183,6 +199,8 @@ class VllmEngine:
         self.steps: list[StepTiming] = []
         self._last_step_end: float | None = None
         self.num_sleeps = 0
+        self.endings: dict[str, tuple[str, Any]] = {}
+        """vLLM's own view of every request it ended: (finish reason, stop reason) by id"""
 
     # ------------------------------------------------------------------ the clock
     def _clock(self) -> float:
@@ -261,8 +279,14 @@ class VllmEngine:
             if sch.runnable():
                 steps = len(sch.bp_steps)
                 t0 = time.perf_counter()
-                self.llm_engine.step()
+                outputs = self.llm_engine.step()
                 t1 = time.perf_counter()
+                for out in outputs:
+                    if out.finished:
+                        c = out.outputs[0] if out.outputs else None
+                        self.endings[out.request_id] = (
+                            str(c.finish_reason) if c is not None else "?",
+                            c.stop_reason if c is not None else None)
                 ran = len(sch.bp_steps) > steps
                 if ran and self.record_steps and sch.bp_last_step is not None:
                     start = self._last_step_end if self._last_step_end is not None else t0
@@ -322,7 +346,7 @@ class VllmEngine:
         self._next = len(self._pending)
         ids = list(self.scheduler.bp_meta)
         if ids:
-            self.llm_engine.abort_request(ids)
+            self.llm_engine.abort_request(ids, internal=True)
             n += len(ids)
         while self.llm_engine.has_unfinished_requests() or self.scheduler.bp_emit:
             self.llm_engine.step()

@@ -11,12 +11,13 @@ from pathlib import Path
 TINY_LLAMA: dict[str, object] = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
     "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "vocab_size": 32000, "max_position_embeddings": 4096,
+    "num_key_value_heads": 2, "vocab_size": 32000, "max_position_embeddings": 8192,
     "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
     "tie_word_embeddings": False, "rope_theta": 10000.0, "hidden_act": "silu",
 }
-"""the tiny model: hidden 256, 2 layers, 4 heads, 2 KV heads, vocabulary 32,000, 4,096 positions
-(the shape of the torch executor's ``tiny``, as a Hugging Face Llama config)"""
+"""the tiny model: hidden 256, 2 layers, 4 heads, 2 KV heads, vocabulary 32,000 (the shape of
+the torch executor's ``tiny``, as a Hugging Face Llama config), 8,192 positions (the Azure
+traces' longest requests fit)"""
 
 
 def write_tiny_model(folder: str | Path, **overrides: object) -> Path:

@@ -117,8 +117,9 @@ class StepRecord:
     admitted: tuple[int, ...]
     """requests (our ids) that entered ``running`` in this step"""
     batch_before_interactive: bool
-    """whether a batch request got prefill tokens while an interactive one waited for admission
-    or prefill (never, by the rules above)"""
+    """whether a batch request got prefill tokens while an interactive one waited in vLLM's
+    queue, or while interactive prefill got less than it could take (never, by the rules
+    above)"""
     preemptions: int
     """preemptions counted so far (all of the scheduler's life)"""
 
@@ -241,7 +242,7 @@ class KnobSchedulerMixin:
                           math.floor(self.bp_pool_blocks * kv_cache_ratio / POOL_RATIO + 1e-9)))
 
     def expect(self, r: Request) -> None:
-        """Register the request that vLLM will be given as ``str(r.req_id)`` (a replay knows
+        """Register the request that vLLM will be given the id ``str(r.req_id)`` (a replay knows
         its class and arrival time); unregistered requests are classed by their sampling
         params' ``extra_args["slo_class"]`` and arrive when vLLM hands them over."""
         self.bp_expected[str(r.req_id)] = r
@@ -251,7 +252,7 @@ class KnobSchedulerMixin:
         new = request.request_id not in self.requests
         if new:
             now = self._bp_now()
-            meta = self.bp_expected.pop(request.request_id, None)
+            meta = self.bp_expected.pop(_given_id(request.request_id), None)
             if meta is None:
                 meta = self._bp_classify(request, now)
             request.priority = BATCH_PRIORITY if meta.is_batch else 0
@@ -401,7 +402,8 @@ class KnobSchedulerMixin:
     def _bp_arrange(self) -> tuple[list[VllmRequest], int, bool]:
         """Order ``running`` for vLLM's budget loop (decodes, then interactive prefill, then
         batch prefill), set the budget, and leave out the batch prefills that must not run this
-        step. Returns (those left out, the budget, whether interactive requests wait)."""
+        step. Returns (those left out, the budget, whether interactive requests wait in vLLM's
+        queue)."""
         decodes: list[VllmRequest] = []
         i_prefill: list[VllmRequest] = []
         b_prefill: list[VllmRequest] = []
@@ -426,7 +428,8 @@ class KnobSchedulerMixin:
         self.running[:] = decodes + i_prefill + b_prefill
         budget = max(1, min(self.bp_startup_budget, len(decodes) + prefill_budget))
         self.max_num_scheduled_tokens = budget
-        return hidden, budget, i_waiting or bool(i_prefill)
+        self.bp_i_demand = min(i_demand, chunk)
+        return hidden, budget, i_waiting
 
     def _bp_after_schedule(self, out: Any, now: float, budget: int, used: int,
                            i_waiting: bool) -> None:
@@ -457,9 +460,13 @@ class KnobSchedulerMixin:
             iv.iterations += 1
             iv.prefill_tokens += prefill
             iv.decode_tokens += decodes
+        # batch prefill ahead of interactive work: while an interactive request waited in vLLM's
+        # queue, or while interactive prefill got less than it could take
+        ahead = bool(batch_prefill) and (
+            i_waiting or prefill - batch_prefill < getattr(self, "bp_i_demand", 0))
         rec = StepRecord(now, budget, self.bp_chunk, prefill, batch_prefill, decodes, ctx, pairs,
-                         total, used, self.bp_cap, tuple(admitted),
-                         bool(batch_prefill and i_waiting), self.ledger.num_preemptions)
+                         total, used, self.bp_cap, tuple(admitted), ahead,
+                         self.ledger.num_preemptions)
         self.bp_last_step = rec
         if total:
             self.bp_steps.append(rec)
@@ -619,6 +626,12 @@ class KnobSchedulerMixin:
     def used_blocks(self) -> int:
         """KV blocks requests hold now."""
         return self.bp_pool_blocks - self._bp_free() - len(self.bp_withheld)
+
+
+def _given_id(request_id: str) -> str:
+    """The id a request was given to vLLM: vLLM appends ``-`` and 8 random characters."""
+    head, sep, tail = request_id.rpartition("-")
+    return head if sep and len(tail) == 8 else request_id
 
 
 def _kv_block_bytes(kv_cache_config: Any) -> int:
