@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.envs.registration import EnvSpec
 
 from env.session import RewardWeights, ServingSession
 from env.traces import split as split_trace
@@ -105,6 +107,21 @@ class ServingEnv(gym.Env):
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    _spec: EnvSpec | None = None
+
+    @property  # type: ignore[override]
+    def spec(self) -> EnvSpec | None:
+        """The registration spec; with a real engine (``torch``, ``vllm``) marked
+        ``nondeterministic``: its intervals are wall-clock time, so one seed does not give one
+        episode (gymnasium's checker then skips its determinism checks, as it intends)."""
+        return self._spec
+
+    @spec.setter
+    def spec(self, value: EnvSpec | None) -> None:
+        if (value is not None and getattr(self, "executor_kind", "sim") != "sim"
+                and not value.nondeterministic):
+            value = dataclasses.replace(value, nondeterministic=True)
+        self._spec = value
 
     def __init__(self, trace: str | Trace = "synthetic", *, split: str = "train",
                  episode_s: float = 120.0, rate_scale_range: tuple[float, float] = (0.5, 4.0),

@@ -98,6 +98,9 @@ class VllmServer:
         self.version = check_vllm_version()
         self._busy = False
 
+    def __deepcopy__(self, memo: dict) -> VllmServer:
+        return self  # a running vLLM is shared, never copied (gymnasium copies its env kwargs)
+
     @classmethod
     def start(cls, settings: VllmSettings) -> VllmServer:
         """Start vLLM in this process (tens of seconds on the CPU). Raises
