@@ -23,7 +23,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-
 from typing import TYPE_CHECKING
 
 from runtime.engine.executor import Batch, DecodeCost, Executor, IterationResult

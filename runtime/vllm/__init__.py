@@ -21,9 +21,20 @@ others at start; :mod:`runtime.vllm.model` writes the tiny dummy-weight model fo
 and the CPU figures use. docs/vllm.md describes all of it.
 """
 
+from runtime.engine.slo import DEFAULT_SLO_CLASSES, SloTarget
 from runtime.vllm.versions import TESTED_VLLM_VERSIONS, VllmVersionError, check_vllm_version
 
 SCHEDULER_CLS = "runtime.vllm.scheduler.BatchpilotScheduler"
 """the qualified name of the scheduler subclass, for ``scheduler_cls`` / ``--scheduler-cls``"""
 
-__all__ = ["SCHEDULER_CLS", "TESTED_VLLM_VERSIONS", "VllmVersionError", "check_vllm_version"]
+TINY_CPU_SLO = SloTarget(ttft_s=1.0, tpot_s=0.1)
+"""the interactive targets for the tiny model on vLLM's CPU backend, scaled to its speed: its
+steps take 10-60 ms on the shared 2-core machines (the measured profile,
+checkpoints/profiles/cpu-vllm-tiny-measured.json), so a 0.1-s TPOT target is two to ten steps,
+as 50 ms is for a 7B model on an H100; the TTFT target keeps the default class's second"""
+TINY_CPU_SLO_CLASSES: dict[str, SloTarget] = {"interactive": TINY_CPU_SLO,
+                                              "batch": DEFAULT_SLO_CLASSES["batch"]}
+"""the SLO classes of the vLLM replays, the arena and the fidelity check on the CPU"""
+
+__all__ = ["SCHEDULER_CLS", "TESTED_VLLM_VERSIONS", "TINY_CPU_SLO", "TINY_CPU_SLO_CLASSES",
+           "VllmVersionError", "check_vllm_version"]

@@ -73,7 +73,8 @@ class Ledger(OutcomesMixin):
         cls = self.config.default_slo_class if slo_class is None else slo_class
         target = self.config.slo_classes.get(cls)
         if target is None:
-            raise ValueError(f"unknown SLO class {cls!r} (known: {sorted(self.config.slo_classes)})")
+            raise ValueError(f"unknown SLO class {cls!r} "
+                             f"(known: {sorted(self.config.slo_classes)})")
         r = Request(self._num_added, float(arrival_s), int(prompt_tokens), int(output_tokens), cls,
                     target.ttft_target_s(int(prompt_tokens)), target.tpot_s, target.deadline_s)
         self._num_added += 1

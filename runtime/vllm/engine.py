@@ -196,6 +196,7 @@ class VllmEngine:
         self.ledger = self.scheduler.ledger
         self._pending: list[Request] = []
         self._next = 0
+        self._submitted_s = 0.0  # requests arriving up to here have been handed to vLLM
         self._rng = np.random.default_rng(seed)
         self._params: dict[int, Any] = {}
         self.record_steps = record_steps
@@ -222,14 +223,15 @@ class VllmEngine:
     # ------------------------------------------------------------------ requests
     def add_requests(self, arrival_s: Sequence[float], prompt_tokens: Sequence[int],
                      output_tokens: Sequence[int], slo_class: Sequence[str] | None = None) -> None:
-        """Queue requests arriving at the given times (sorted, not before ``now``), as the
-        simulator's engine takes them."""
+        """Queue requests arriving at the given times (sorted, not before the arrivals already
+        handed to vLLM), as the simulator's engine takes them."""
         n = len(arrival_s)
         if not (len(prompt_tokens) == n and len(output_tokens) == n
                 and (slo_class is None or len(slo_class) == n)):
             raise ValueError("arrival_s, prompt_tokens, output_tokens and slo_class must have "
                              "the same length")
-        last = self._pending[-1].arrival_s if len(self._pending) > self._next else self.now
+        last = (self._pending[-1].arrival_s if len(self._pending) > self._next
+                else self._submitted_s)
         for i in range(n):
             t = float(arrival_s[i])
             if not (t >= last and t <= MAX_ARRIVAL_S):
@@ -250,6 +252,7 @@ class VllmEngine:
         from vllm import SamplingParams
 
         pending = self._pending
+        self._submitted_s = max(self._submitted_s, now)
         while self._next < len(pending) and pending[self._next].arrival_s <= now:
             r = pending[self._next]
             self._next += 1
