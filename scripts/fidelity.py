@@ -68,6 +68,7 @@ from runtime.engine.recording import RecordingExecutor, record_features
 from runtime.engine.sim_executor import SimulatedExecutor
 from runtime.gc_pause import gc_paused
 from runtime.locations import profiles_dir
+from runtime.vllm import PROFILE_NAME
 
 # the sibling script: a module of the package batchpilot_scripts when installed, a top-level
 # module beside this file when run as `python scripts/fidelity.py`
@@ -92,8 +93,7 @@ else:
 
 DEFAULT_PROFILES = {"tiny": "cpu-tiny-measured.json"}
 """the measured profile of each shape, a file in :func:`profiles_dir`"""
-VLLM_PROFILE = "cpu-vllm-tiny-measured.json"
-"""the measured profile of vLLM with the tiny model on the CPU, a file in :func:`profiles_dir`"""
+
 
 
 def rel(sim: float, meas: float) -> float:
@@ -229,7 +229,7 @@ def fidelity_vllm(args: Args, log) -> dict:
     """The fidelity figures against a live vLLM engine: ``repeats`` pairs of a calibration
     replay (the next window of the trace, or the Poisson stream of seed + 1000) and a measured
     replay through vLLM, the simulator calibrated on the first replaying the second."""
-    shipped = Profile.load(args.profile or profiles_dir() / VLLM_PROFILE)
+    shipped = Profile.load(args.profile or profiles_dir() / PROFILE_NAME)
     t0 = time.perf_counter()
     server = start_vllm(args)
     log(f"vLLM {server.version} started in {server.startup_s:.0f} s")
@@ -266,7 +266,7 @@ def fidelity_vllm(args: Args, log) -> dict:
         out[key] = float(np.median(values))
         out[key + "_range"] = [float(min(values)), float(max(values))]
     out.update({"engine": f"vllm {server.version}", "vllm_startup_s": server.startup_s,
-                "pairs": pairs, "profile": str(args.profile or VLLM_PROFILE),
+                "pairs": pairs, "profile": str(args.profile or PROFILE_NAME),
                 "controller": args.controller, "trace": args.trace, "start_s": args.start,
                 "duration_s": args.duration, "calibrate_seconds": args.calibrate_seconds,
                 "rate_rps": args.rate, "repeats": args.repeats,

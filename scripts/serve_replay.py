@@ -33,17 +33,16 @@ from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.engine.slo import SloTarget
 from runtime.knobs import Knobs
+from runtime.locations import profiles_dir
 from runtime.session import DEFAULT_HISTORY, RunResult, SimulatedPacer, replay
 from runtime.steady_cpu import steady_allocator
-from runtime.vllm import TINY_CPU_SLO
+from runtime.vllm import PROFILE_NAME, slo_classes_for
 from runtime.wallclock import WallClockPacer
 
 # Defaults sized for the CPU tiny shape (an iteration takes a few milliseconds): targets that
 # put attainment in the middle of its range under the default load, so errors show.
 TINY_SLO = {"ttft_s": 0.25, "tpot_s": 0.02}
 H200_SLO = {"ttft_s": 1.0, "tpot_s": 0.05}
-VLLM_TINY_SLO = {"ttft_s": TINY_CPU_SLO.ttft_s, "tpot_s": TINY_CPU_SLO.tpot_s}
-"""--engine vllm on the CPU (runtime.vllm.TINY_CPU_SLO: scaled to vLLM's speed there)"""
 
 
 @dataclass
@@ -137,11 +136,21 @@ def window_from_args(args: ServeReplayArgs) -> Trace:
                    output=lengths(args.output_median, OUTPUT_SIGMA, OUTPUT_MAX))
 
 
+def vllm_slo(args: ServeReplayArgs) -> dict[str, float]:
+    """--engine vllm: targets scaled to vLLM's speed, from the measured profile (``--profile``,
+    else the committed one: runtime.vllm.slo_classes_for)."""
+    path = getattr(args, "profile", None) or profiles_dir() / PROFILE_NAME
+    target = slo_classes_for(Profile.load(path))["interactive"]
+    return {"ttft_s": target.ttft_s, "tpot_s": target.tpot_s,
+            "ttft_per_prompt_token_s": target.ttft_per_prompt_token_s}
+
+
 def engine_config_from_args(args: ServeReplayArgs) -> EngineConfig:
-    slo = (VLLM_TINY_SLO if args.engine == "vllm" else TINY_SLO) if args.shape == "tiny" \
+    slo = (vllm_slo(args) if args.engine == "vllm" else TINY_SLO) if args.shape == "tiny" \
         else H200_SLO
     target = SloTarget(args.ttft_slo if args.ttft_slo is not None else slo["ttft_s"],
-                       args.tpot_slo if args.tpot_slo is not None else slo["tpot_s"])
+                       args.tpot_slo if args.tpot_slo is not None else slo["tpot_s"],
+                       ttft_per_prompt_token_s=slo.get("ttft_per_prompt_token_s", 0.0))
     return EngineConfig(max_num_seqs=args.max_num_seqs, slo_classes={"interactive": target},
                         default_slo_class="interactive")
 

@@ -43,6 +43,16 @@ class FailSafe:
             except Exception as e:  # noqa: BLE001 - a fault of the controller, kept
                 self._fault(type(e).__name__, e)
 
+    def bind(self, engine: object) -> None:
+        """Bind the controller to the engine when it reads or sets it (best static sets its
+        admission policy); a fault there is counted like any other."""
+        bind = getattr(self.inner, "bind", None)
+        if bind is not None:
+            try:
+                bind(engine)
+            except Exception as e:  # noqa: BLE001 - a fault of the controller, kept
+                self._fault(type(e).__name__, e)
+
     def _fault(self, kind: str, detail: object) -> Decision:
         if not self.faults[kind]:
             log.warning("controller %s failed (%s: %s); holding the static knobs", self.name,

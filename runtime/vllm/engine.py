@@ -339,6 +339,15 @@ class VllmEngine:
     def set_knobs(self, knobs: Knobs) -> float:
         return float(self.scheduler.set_knobs(knobs))
 
+    @property
+    def admission(self) -> str:
+        """The admission policy in force (``fcfs``, ``shed`` or ``late_to_back``)."""
+        return self.scheduler.ledger.policy.value
+
+    def set_admission(self, admission: str, slack: float | None = None) -> None:
+        """Change the admission policy (a deployment setting: best static chooses it)."""
+        self.scheduler.set_admission(admission, slack)
+
     def collect_interval(self) -> IntervalStats:
         return self.scheduler.collect_interval()
 

@@ -232,6 +232,17 @@ class KnobSchedulerMixin:
             self._bp_enforce_cap()
         return time.perf_counter() - t0
 
+    def set_admission(self, admission: str, slack: float | None = None) -> None:
+        """Change the admission policy now (and, when given, the slack knob)."""
+        import dataclasses
+
+        slack = self.bp_knobs.admission_slack if slack is None else slack
+        self.bp_config = dataclasses.replace(self.bp_config, admission=admission,
+                                             admission_slack=slack)  # checks both
+        self.ledger.policy = AdmissionPolicy(admission)
+        self.ledger.slack = math.nan  # every waiting request gets its lateness event anew
+        self.set_knobs(dataclasses.replace(self.bp_knobs, admission_slack=slack), force=True)
+
     @property
     def knobs(self) -> Knobs:
         return self.bp_knobs
