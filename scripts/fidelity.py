@@ -184,7 +184,8 @@ class Args(ServeReplayArgs):
 
 FIGURES = ("iter_err_median", "iter_err_p90", "iter_bias_median", "ttft_p50_err",
            "ttft_p99_err", "tpot_p50_err", "tpot_p99_err", "attainment_diff",
-           "attainment_measured", "attainment_simulated", "shipped_profile_iter_err_median")
+           "attainment_measured", "attainment_simulated", "shipped_profile_iter_err_median",
+           "controller_cost_ratio")
 """the figures of one replay pair (see the module docstring)"""
 
 
@@ -209,12 +210,14 @@ def compare_runs(profile: Profile, shipped: Profile, x: np.ndarray, y: np.ndarra
         "attainment_measured": m["slo_attainment"],
         "attainment_simulated": s["slo_attainment"],
         "shipped_profile_iter_err_median": float(np.median(shipped_err)),
+        "shipped_profile_iter_bias_median": float(np.median((predict(shipped.cost, x) - y) / y)),
         "iterations_measured": m["iterations"], "iterations_simulated": s["iterations"],
         "requests": m["requests"],
         "measured": {k: m[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-                                       "slo_attainment", "preemptions", "finished", "wall_s")},
+                                       "slo_attainment", "preemptions", "ooms", "finished",
+                                       "wall_s")},
         "simulated": {k: s[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-                                        "slo_attainment", "preemptions", "finished")},
+                                        "slo_attainment", "preemptions", "ooms", "finished")},
     }
 
 
@@ -255,7 +258,10 @@ def fidelity_vllm(args: Args, log) -> dict:
                                "fit_rel_err_median": float(np.median(
                                    np.abs(predict(cost, cx) - cy) / cy))}
         pair["conservation"] = eng.check_conservation()
+        pair["controller_cost"] = eng.controller_cost(
+            sum(r.decide_us for r in measured.intervals) * 1e-6)
         pair["load_1m"] = os.getloadavg()[0]
+        pair["controller_cost_ratio"] = pair["controller_cost"]["ratio"]
         pairs.append(pair)
         log(f"  iteration error median {pair['iter_err_median']:.1%}, attainment "
             f"{pair['attainment_measured']:.1%} measured / {pair['attainment_simulated']:.1%} "
@@ -328,33 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     sim_s = time.perf_counter() - t
 
     x, y = record_features(rec.records, lags or None)
-    err = np.abs(predict(profile.cost, x) - y) / y
-    shipped_err = np.abs(predict(shipped.cost, x) - y) / y
-    kinds = kind_masks(x)
-    m, s = measured.as_dict(), simulated.as_dict()
     out = {
-        "iter_err_median": float(np.median(err)),
-        "iter_err_p90": float(np.percentile(err, 90)),
-        "iter_bias_median": float(np.median((predict(profile.cost, x) - y) / y)),
-        "iter_err_median_by_kind": {k: float(np.median(err[v])) for k, v in kinds.items()
-                                    if v.any()},
-        "ttft_p50_err": rel(s["ttft_p50_s"], m["ttft_p50_s"]),
-        "ttft_p99_err": rel(s["ttft_p99_s"], m["ttft_p99_s"]),
-        "tpot_p50_err": rel(s["tpot_p50_s"], m["tpot_p50_s"]),
-        "tpot_p99_err": rel(s["tpot_p99_s"], m["tpot_p99_s"]),
-        "attainment_diff": 100.0 * (s["slo_attainment"] - m["slo_attainment"]),
-        "attainment_measured": m["slo_attainment"],
-        "attainment_simulated": s["slo_attainment"],
-        "shipped_profile_iter_err_median": float(np.median(shipped_err)),
-        "shipped_profile_iter_bias_median": float(np.median((predict(shipped.cost, x) - y) / y)),
-        "iterations_measured": m["iterations"], "iterations_simulated": s["iterations"],
-        "engine_lag_per_iter_s": m.get("lag_per_call_s", 0.0), "timer": args.timer,
-        "requests": m["requests"],
-        "measured": {k: m[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-                                       "slo_attainment", "preemptions", "ooms", "finished",
-                                       "wall_s")},
-        "simulated": {k: s[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-                                        "slo_attainment", "preemptions", "ooms", "finished")},
+        **compare_runs(profile, shipped, x, y, measured, simulated),
+        "engine_lag_per_iter_s": measured.as_dict().get("lag_per_call_s", 0.0),
+        "timer": args.timer,
         "calibration": calib,
         "profile": str(profile_path), "shape": args.shape, "device": args.device,
         "controller": args.controller, "rate_rps": args.rate, "duration_s": args.duration,

@@ -203,6 +203,9 @@ class VllmEngine:
         self.steps: list[StepTiming] = []
         self._last_step_end: float | None = None
         self.num_sleeps = 0
+        self.control_s = 0.0  # wall seconds of interval closes and knob changes
+        self.step_s = 0.0  # wall seconds inside LLMEngine.step()
+        self._overhead0 = float(self.scheduler.bp_overhead_s)
         self.endings: dict[str, tuple[str, Any]] = {}
         """vLLM's own view of every request it ended: (finish reason, stop reason) by id"""
 
@@ -287,6 +290,7 @@ class VllmEngine:
                 t0 = time.perf_counter()
                 outputs = self.llm_engine.step()
                 t1 = time.perf_counter()
+                self.step_s += t1 - t0
                 for out in outputs:
                     if out.finished:
                         c = out.outputs[0] if out.outputs else None
@@ -337,7 +341,11 @@ class VllmEngine:
         return self.scheduler.knobs
 
     def set_knobs(self, knobs: Knobs) -> float:
-        return float(self.scheduler.set_knobs(knobs))
+        t0 = time.perf_counter()
+        try:
+            return float(self.scheduler.set_knobs(knobs))
+        finally:
+            self.control_s += time.perf_counter() - t0
 
     @property
     def admission(self) -> str:
@@ -349,7 +357,24 @@ class VllmEngine:
         self.scheduler.set_admission(admission, slack)
 
     def collect_interval(self) -> IntervalStats:
-        return self.scheduler.collect_interval()
+        t0 = time.perf_counter()
+        try:
+            return self.scheduler.collect_interval()
+        finally:
+            self.control_s += time.perf_counter() - t0
+
+    def controller_cost(self, decide_s: float = 0.0) -> dict[str, float]:
+        """What the controller costs this run beside vLLM's own work, from one run: the steps'
+        wall time ``S`` (the scheduler's own work ``O_in`` inside it), the intervals' closing
+        and knob changes ``O_out`` outside the steps, and ``decide_s`` (the decisions' time).
+        ``ratio`` is (S + O_out + decide) / (S - O_in): the run's vLLM time with the adapter and
+        the decider over plain vLLM's for the same steps."""
+        step_s = self.step_s
+        inner = float(self.scheduler.bp_overhead_s) - self._overhead0
+        outer = self.control_s + decide_s
+        plain = step_s - inner
+        return {"step_s": step_s, "in_scheduler_s": inner, "outside_steps_s": outer,
+                "ratio": (step_s + outer) / plain if plain > 0 else math.nan}
 
     def abort_all(self) -> int:
         """End every request in flight (submitted or not yet arrived) as aborted."""

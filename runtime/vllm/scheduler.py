@@ -181,6 +181,9 @@ class KnobSchedulerMixin:
         self.bp_last_step: StepRecord | None = None
         self.bp_step_started_s = 0.0
         self.bp_model_s = 0.0
+        self.bp_overhead_s = 0.0
+        """wall seconds spent in this class's own work inside vLLM's steps (knobs, accounting),
+        summed: what plain vLLM would not spend"""
         self.configure(EngineConfig(), DEFAULT_KNOBS)
 
     # ------------------------------------------------------------------ settings
@@ -296,23 +299,34 @@ class KnobSchedulerMixin:
         return bool(self.bp_emit) or super().has_requests()  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
         now = self._bp_now()
         self.prepare()
         hidden, budget, i_waiting = self._bp_arrange()
         used = self.bp_pool_blocks - self._bp_free() - len(self.bp_withheld)
-        self.bp_step_started_s = time.perf_counter()
+        t1 = self.bp_step_started_s = time.perf_counter()
         try:
             out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
             if hidden:
                 self.running.extend(hidden)
+        t2 = time.perf_counter()
         self._bp_after_schedule(out, now, budget, used, i_waiting)
+        self.bp_overhead_s += (t1 - t0) + (time.perf_counter() - t2)
         return out
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         self.bp_model_s = time.perf_counter() - self.bp_step_started_s
         outputs = super().update_from_output(scheduler_output,  # type: ignore[misc]
                                              model_runner_output)
+        t0 = time.perf_counter()
+        try:
+            return self._bp_account_outputs(outputs)
+        finally:
+            self.bp_overhead_s += time.perf_counter() - t0
+
+    def _bp_account_outputs(self, outputs: Any) -> Any:
+        """The ledger's view of a step's outputs, and the ends the scheduler decided."""
         self.ledger.now = self._bp_now()
         self.ledger.interval.busy_s += self.bp_model_s
         for eco in outputs.values():
