@@ -147,8 +147,19 @@ class VllmServer:
 
     def engine(self, config: EngineConfig | None = None, knobs: Knobs = DEFAULT_KNOBS, *,
                seed: int = 0, record_steps: bool = False) -> VllmEngine:
-        """A fresh engine for one run on this vLLM (no earlier run may have requests left)."""
+        """A fresh engine for one run on this vLLM (what an earlier run left is aborted)."""
         return VllmEngine(self, config, knobs, seed=seed, record_steps=record_steps)
+
+    def abort_leftovers(self) -> int:
+        """Abort what an earlier run left in vLLM (a run cut short by an error), stepping vLLM
+        until it has let go of every request; returns how many. They are counted in that run's
+        accounting, as aborted."""
+        ids = list(self.scheduler.bp_meta)
+        if ids:
+            self.llm_engine.abort_request(ids, internal=True)
+        while self.llm_engine.has_unfinished_requests() or self.scheduler.bp_emit:
+            self.llm_engine.step()
+        return len(ids)
 
     @property
     def pool_blocks(self) -> int:
@@ -184,7 +195,7 @@ class VllmEngine:
                  knobs: Knobs = DEFAULT_KNOBS, *, seed: int = 0,
                  record_steps: bool = False) -> None:
         if server.scheduler.bp_meta or server.llm_engine.has_unfinished_requests():
-            raise RuntimeError("the vLLM engine still has requests of an earlier run")
+            server.abort_leftovers()
         self.server = server
         self.config = config if config is not None else EngineConfig()
         self.scheduler = server.scheduler
@@ -384,13 +395,7 @@ class VllmEngine:
             self.ledger.rejected(r, RejectReason.ABORTED)
             n += 1
         self._next = len(self._pending)
-        ids = list(self.scheduler.bp_meta)
-        if ids:
-            self.llm_engine.abort_request(ids, internal=True)
-            n += len(ids)
-        while self.llm_engine.has_unfinished_requests() or self.scheduler.bp_emit:
-            self.llm_engine.step()
-        return n
+        return n + self.server.abort_leftovers()
 
     def summary(self) -> RunSummary:
         return self.scheduler.summary()

@@ -12,7 +12,12 @@ from runtime.engine.slo import SloTarget
 from runtime.knobs import Knobs
 
 
-def drain(engine, step_s: float = 0.05, max_s: float = 60.0, at=None) -> None:
+LIMIT_S = 600.0
+"""wall seconds a test's run may take to drain (the shared 2-core machines run vLLM's steps up to
+ten times slower when busy)"""
+
+
+def drain(engine, step_s: float = 0.05, max_s: float = LIMIT_S, at=None) -> None:
     """Run ``engine`` until every request has ended, calling ``at(t)`` before each slice."""
     t = 0.0
     while engine.has_work():
@@ -60,7 +65,7 @@ def test_kv_cap_bounds_the_blocks_held_and_preempts_when_it_falls(vllm_server):
     while sum(r.first_token_s is not None for r in eng.requests) < 8:
         t += 0.05
         eng.run_until(t)
-        assert t < 30
+        assert t < LIMIT_S
     held = sch.used_blocks()
     low = Knobs(5.0, 2048, 0.4)
     cap = sch.cap_blocks(0.4)
@@ -125,7 +130,7 @@ def test_batch_work_never_goes_ahead_of_interactive_work(vllm_server):
             r.status == Status.FINISHED for r in eng.requests if not r.is_batch)):
         t += 0.05
         eng.run_until(t)
-        assert t < 60
+        assert t < LIMIT_S
     batch = [r for r in eng.requests if r.is_batch]
     assert all(r.admitted_s is None for r in batch)  # share 0: the batch tap is shut
     eng.set_knobs(dataclasses.replace(eng.knobs, batch_share=0.5))
@@ -150,7 +155,7 @@ def test_batch_requests_are_preempted_first(vllm_server):
     while sum(r.first_token_s is not None for r in eng.requests) < 8:
         t += 0.05
         eng.run_until(t)
-        assert t < 30
+        assert t < LIMIT_S
     eng.set_knobs(Knobs(5.0, 4096, 0.5))
     preempted = {r.slo_class for r in eng.requests if r.num_preemptions}
     assert preempted == {"batch"}
