@@ -154,7 +154,9 @@ def run_on_vllm(server, spec: EvalSpec, ctrl: Controller, w: Trace, arena: VllmA
     res = run_engine(engine, VllmPacer(), FailSafe(ctrl, spec.static_knobs),
                      interval_s=spec.interval_s, max_s=end + arena.drain_s)
     s = res.as_dict()
-    return {**s, "conservation": engine.check_conservation(), "load_1m": os.getloadavg()[0]}
+    cost = engine.controller_cost(sum(r.decide_us for r in res.intervals) * 1e-6)
+    return {**s, "conservation": engine.check_conservation(), "controller_cost": cost,
+            "load_1m": os.getloadavg()[0]}
 
 
 def rotated(items: Sequence[str], k: int) -> list[str]:
@@ -229,6 +231,7 @@ def run_vllm_arena(traces: Sequence[str], controllers: Sequence[str], profile_pa
                     "rejected_by_reason": runs[c][-1]["rejected_by_reason"],
                     "sources": runs[c][-1]["sources"],
                     "load_1m": [r["load_1m"] for r in runs[c]],
+                    "controller_cost_ratio": [r["controller_cost"]["ratio"] for r in runs[c]],
                 })
     result = {"engine": f"vllm {server.version}", "profile": profile_path, "loads": loads,
               "rows": rows, "repeats": arena.repeats, "window_s": arena.window_s,

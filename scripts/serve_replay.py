@@ -250,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                "vllm_startup_s": server.startup_s,
                "first_decision_s": first[0] if first else None,  # from the command's main
                "window": w.source, "conservation": engine.check_conservation(),
+               "controller_cost": engine.controller_cost(
+                   sum(r.decide_us for r in res.intervals) * 1e-6),
                "intervals": [r.as_dict() for r in res.intervals]}
         if args.out is not None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
