@@ -11,7 +11,6 @@ from runtime.engine.request import Status
 from runtime.engine.slo import SloTarget
 from runtime.knobs import Knobs
 
-
 LIMIT_S = 600.0
 """wall seconds a test's run may take to drain (the shared 2-core machines run vLLM's steps up to
 ten times slower when busy)"""
