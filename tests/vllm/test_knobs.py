@@ -133,7 +133,8 @@ def test_batch_work_never_goes_ahead_of_interactive_work(vllm_server):
     batch = [r for r in eng.requests if r.is_batch]
     assert all(r.admitted_s is None for r in batch)  # share 0: the batch tap is shut
     eng.set_knobs(dataclasses.replace(eng.knobs, batch_share=0.5))
-    eng.add_requests([t + 0.1, t + 0.15], [600, 600], [8, 8])  # interactive during batch work
+    now = eng.now
+    eng.add_requests([now + 0.1, now + 0.15], [600, 600], [8, 8])  # interactive, during batch work
     drain(eng)
     steps = list(sch.bp_steps)
     assert not any(s.batch_before_interactive for s in steps)
