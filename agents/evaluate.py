@@ -40,6 +40,7 @@ from agents.oracle import CAUSAL_NAME, FORECAST_NAME, ORACLE_NAME, OracleConfig
 from agents.registry import BASELINES, EvalSpec, make_controller
 from agents.report import markdown_table, plot, scorecard_table, write_json
 from agents.scorecard import REFERENCE
+from agents.vllm_arena import VllmArena, main_vllm
 from env.engine_choice import EngineChoice
 from env.traces.resolve import resolve_trace
 from runtime.engine.roofline import ProfileChoice
@@ -111,6 +112,12 @@ class Config(ProfileChoice, EngineChoice):
     report: Path | None = None
     """print the tables of a results.json an earlier run wrote (the scorecard among them) and run
     nothing"""
+    engine: Literal["sim", "vllm"] = "sim"
+    """sim: the arena on the simulator; vllm: on a live vLLM engine at the two loads the
+    calibrated simulator names (agents/vllm_arena.py, docs/vllm.md; in the vLLM venv, with
+    --profile the profile measured on it)"""
+    vllm: VllmArena = field(default_factory=VllmArena)
+    """--engine vllm: the window, loads and repeats"""
 
     def scales(self) -> list[float]:
         return positive_numbers(self.rate_scales, "--rate-scales", empty=False)
@@ -136,6 +143,8 @@ def positive_numbers(text: str, flag: str, *, empty: bool = True) -> list[float]
 
 def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(Config, args=argv, description=__doc__.splitlines()[0])
+    if cfg.engine == "vllm":
+        return main_vllm(cfg)
     if cfg.report is not None:
         try:
             result = json.loads(cfg.report.read_text())

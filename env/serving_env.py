@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+from gymnasium.envs.registration import EnvSpec
 
 from env.session import RewardWeights, ServingSession
 from env.traces import split as split_trace
@@ -91,6 +93,10 @@ class ServingEnv(gym.Env):
     - ``executor``: ``"sim"`` (the simulated executor, default) or ``"torch"`` (a real
       Llama-architecture model, :class:`runtime.engine.torch_executor.TorchExecutor`; its
       shape, device and memory budget come from ``torch_executor``, default the tiny CPU shape)
+      ``"vllm"`` runs a live vLLM engine (``runtime/vllm/``, docs/vllm.md) in wall-clock
+      time: ``vllm_server`` a started ``runtime.vllm.engine.VllmServer`` (shared by every
+      episode), or ``vllm`` the fields of ``runtime.vllm.engine.VllmSettings`` to start one on
+      the first reset; slow, for evaluation and fine-tuning, not for PPO's millions of steps
     - ``profile``: executor profile path for ``"sim"`` (default: roofline H200 Llama-2-7B)
     - ``max_step``: the slew limit in action units per decision (default: the decider's,
       :data:`runtime.decider.guard.DEFAULT_MAX_STEP`; 2 disables it)
@@ -101,6 +107,21 @@ class ServingEnv(gym.Env):
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    _spec: EnvSpec | None = None
+
+    @property  # type: ignore[override]
+    def spec(self) -> EnvSpec | None:
+        """The registration spec; with a real engine (``torch``, ``vllm``) marked
+        ``nondeterministic``: its intervals are wall-clock time, so one seed does not give one
+        episode (gymnasium's checker then skips its determinism checks, as it intends)."""
+        return self._spec
+
+    @spec.setter
+    def spec(self, value: EnvSpec | None) -> None:
+        if (value is not None and getattr(self, "executor_kind", "sim") != "sim"
+                and not value.nondeterministic):
+            value = dataclasses.replace(value, nondeterministic=True)
+        self._spec = value
 
     def __init__(self, trace: str | Trace = "synthetic", *, split: str = "train",
                  episode_s: float = 120.0, rate_scale_range: tuple[float, float] = (0.5, 4.0),
@@ -113,7 +134,8 @@ class ServingEnv(gym.Env):
                  batch_weight: float = RewardWeights.batch_weight,
                  cotenant_value: float = RewardWeights.cotenant_value,
                  engine_config: EngineConfig | None = None, trace_seed: int = 0,
-                 render_mode: str | None = None) -> None:
+                 render_mode: str | None = None, vllm: dict | None = None,
+                 vllm_server: Any = None) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         lo, hi = rate_scale_range
@@ -121,8 +143,11 @@ class ServingEnv(gym.Env):
             raise ValueError(f"rate_scale_range must satisfy 0 < low <= high, got {lo}, {hi}")
         if not episode_s > interval_s > 0:
             raise ValueError(f"need episode_s > interval_s > 0, got {episode_s}, {interval_s}")
-        if executor not in ("sim", "torch"):
-            raise ValueError(f"executor must be 'sim' or 'torch', got {executor!r}")
+        if executor not in ("sim", "torch", "vllm"):
+            raise ValueError(f"executor must be 'sim', 'torch' or 'vllm', got {executor!r}")
+        if executor == "vllm" and vllm_server is None and not (vllm or {}).get("model"):
+            raise ValueError("executor 'vllm' needs vllm_server (a started VllmServer) or "
+                             "vllm={'model': FOLDER, ...}")
         self.render_mode = render_mode
         full = trace if isinstance(trace, Trace) else resolve_trace(trace, seed=trace_seed)
         self.trace = split_trace(full, split)
@@ -136,6 +161,8 @@ class ServingEnv(gym.Env):
             raise ValueError(f"max_step must be positive, got {max_step}")
         self.executor_kind = executor
         self.torch_executor = dict(torch_executor or {})
+        self.vllm_settings = dict(vllm or {})
+        self.vllm_server = vllm_server
         self.max_step = max_step
         self.profile = Profile.load(profile) if executor == "sim" else None
         self.engine_config = engine_config
@@ -153,6 +180,22 @@ class ServingEnv(gym.Env):
         if self.executor_kind == "sim":
             return None  # ServingSession builds a simulated one from the profile
         return make_executor("torch", **self.torch_executor)  # torch imported only here
+
+    def _engine(self, window: Trace) -> dict[str, Any]:
+        """The ServingSession arguments of the engine: an executor, or a live vLLM engine with
+        the window's requests queued (the episode before, if any, aborted first)."""
+        if self.executor_kind != "vllm":
+            return {"executor": self._executor()}
+        from runtime.vllm.engine import VllmPacer, VllmServer, VllmSettings  # vLLM only here
+
+        if self.vllm_server is None:
+            self.vllm_server = VllmServer.start(VllmSettings(**self.vllm_settings))
+        if self.session is not None and self.session.has_work:
+            self.session.abort()
+        engine = self.vllm_server.engine(self.engine_config, DEFAULT_KNOBS)
+        engine.add_requests(window.arrival_s, window.prompt_tokens, window.output_tokens,
+                            window.slo_class)
+        return {"engine": (engine, VllmPacer())}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -176,7 +219,8 @@ class ServingEnv(gym.Env):
         self.rate_scale, self.start_s = scale, start
         self.session = ServingSession(window, interval_s=self.interval_s, profile=self.profile,
                                       config=self.engine_config, knobs=DEFAULT_KNOBS,
-                                      weights=self.weights, executor=self._executor())
+                                      weights=self.weights,
+                                      **self._engine(window))  # type: ignore[arg-type]
         # the knobs the engine starts with: the static default's, with the engine config's batch
         # share and admission slack (EngineConfig.start_knobs)
         result = self.session.step(self.session.engine.knobs)

@@ -21,7 +21,7 @@ from runtime.engine.metrics import IntervalStats
 from runtime.engine.profile import Profile
 from runtime.engine.sim_executor import SimulatedExecutor
 from runtime.knobs import DEFAULT_KNOBS, Knobs
-from runtime.session import DEFAULT_INTERVAL_S, Pacer, Session
+from runtime.session import DEFAULT_INTERVAL_S, Pacer, ServingEngine, Session
 
 
 @dataclass(frozen=True)
@@ -98,16 +98,22 @@ class ServingSession:
     :param knobs: the knobs the engine starts with
     :param weights: reward weights
     :param executor: a ready executor (the torch one); default a simulated one from ``profile``
+    :param engine: a ready engine holding the trace's requests, with its pacer (a live vLLM
+        engine, ``runtime.vllm.engine``); replaces ``executor`` and ``profile``
     """
 
     def __init__(self, trace: Trace, *, interval_s: float = DEFAULT_INTERVAL_S,
                  profile: Profile | None = None, config: EngineConfig | None = None,
                  knobs: Knobs = DEFAULT_KNOBS, weights: RewardWeights | None = None,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None,
+                 engine: tuple[ServingEngine, Pacer] | None = None) -> None:
         self.trace = trace
         self.weights = weights if weights is not None else RewardWeights()
-        self.loop = Session(trace_engine(trace, executor=executor, profile=profile,
-                                         config=config, knobs=knobs), interval_s=interval_s)
+        if engine is not None:
+            self.loop = Session(engine[0], interval_s=interval_s, pacer=engine[1])
+        else:
+            self.loop = Session(trace_engine(trace, executor=executor, profile=profile,
+                                             config=config, knobs=knobs), interval_s=interval_s)
         self.engine = self.loop.engine
         self.interval_s = self.loop.interval_s
         self.end_s = float(trace.arrival_s[-1]) if len(trace) else 0.0

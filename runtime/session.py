@@ -20,6 +20,10 @@ charged in wall time, the loop sleeps while the engine is idle). A decider's cir
 should run on the engine's clock, e.g. ``CircuitBreaker(clock=lambda: engine.now)``, so that its
 cool-down is counted in engine seconds.
 
+The loop drives any :class:`ServingEngine`: the simulator's :class:`runtime.engine.engine.Engine`
+(on a simulated or a torch executor) and a live vLLM engine (``runtime/vllm/``, which keeps the
+wall clock itself and is paced by its own :class:`Pacer`).
+
 Memory stays bounded however long a session serves: it keeps the last ``history`` interval
 records, counts decisions by source, and hands every record to ``on_interval`` for anything
 longer-lived (a progress bar, a timeline, a log).
@@ -30,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,6 +61,68 @@ DEFAULT_HISTORY = 4096
 _EPS = 1e-9
 
 
+class ServingEngine(Protocol):
+    """What the interval loop, the pacers and :class:`RunResult` use of an engine: its clock and
+    knobs, its queues' sizes, running it forward, closing an interval, and its run summary.
+    :class:`runtime.engine.engine.Engine` is one; ``runtime.vllm.engine.VllmEngine`` another."""
+
+    @property
+    def now(self) -> float:
+        """the engine's clock, seconds"""
+        ...
+
+    @property
+    def knobs(self) -> Knobs:
+        """the knobs in force"""
+        ...
+
+    @property
+    def running(self) -> Sized:
+        """the requests running now"""
+        ...
+
+    @property
+    def waiting_batch(self) -> Sized:
+        """the batch-class requests waiting for admission"""
+        ...
+
+    def set_knobs(self, knobs: Knobs) -> float:
+        """Apply the knobs; returns the engine seconds that cost."""
+        ...
+
+    def collect_interval(self) -> IntervalStats:
+        """Close the current interval and return its stats."""
+        ...
+
+    def run_until(self, t: float) -> None:
+        """Run while ``now < t`` (the last iteration may pass it)."""
+        ...
+
+    def has_work(self) -> bool:
+        """Whether any request has not yet finished or been rejected."""
+        ...
+
+    def is_idle(self) -> bool:
+        """Nothing waiting or running."""
+        ...
+
+    def next_arrival_s(self) -> float:
+        """When the next request not yet arrived arrives (inf when none)."""
+        ...
+
+    def next_event_s(self) -> float:
+        """When an idle engine next has something to do."""
+        ...
+
+    def abort_all(self) -> int:
+        """End every request in flight as aborted; returns how many."""
+        ...
+
+    def summary(self) -> RunSummary:
+        """The run's figures so far."""
+        ...
+
+
 class Pacer(Protocol):
     """How engine time maps to wall time."""
 
@@ -67,11 +133,11 @@ class Pacer(Protocol):
         """The executor to build the engine on (the wall clock wraps it)."""
         ...
 
-    def start(self, engine: Engine) -> None:
+    def start(self, engine: ServingEngine) -> None:
         """Called before the session's first interval."""
         ...
 
-    def advance(self, engine: Engine, t_s: float) -> None:
+    def advance(self, engine: ServingEngine, t_s: float) -> None:
         """Run ``engine`` until its ``now`` reaches ``t_s`` (the last iteration may pass it)."""
         ...
 
@@ -88,10 +154,10 @@ class SimulatedPacer:
     def executor(self, inner: Executor) -> Executor:
         return inner
 
-    def start(self, engine: Engine) -> None:
+    def start(self, engine: ServingEngine) -> None:
         pass
 
-    def advance(self, engine: Engine, t_s: float) -> None:
+    def advance(self, engine: ServingEngine, t_s: float) -> None:
         engine.run_until(t_s)
 
     def lag_summary(self) -> dict[str, float]:
@@ -155,7 +221,7 @@ class RunResult:
     """the engine's whole-run summary"""
     wall_s: float
     """wall seconds of the run (building the engine and its requests included)"""
-    engine: Engine
+    engine: ServingEngine
     """the engine, for per-request detail"""
     controller: str
     """the decider's name (``static`` for fixed knobs)"""
@@ -195,7 +261,7 @@ class Session:
     :param history: how many interval records to keep (the most recent)
     """
 
-    def __init__(self, engine: Engine, *, interval_s: float = DEFAULT_INTERVAL_S,
+    def __init__(self, engine: ServingEngine, *, interval_s: float = DEFAULT_INTERVAL_S,
                  pacer: Pacer | None = None, features: FeatureBuilder | None = None,
                  history: int = DEFAULT_HISTORY) -> None:
         if not interval_s > 0:
@@ -307,7 +373,7 @@ def replay(executor: Executor, arrival_s: Sequence[float], prompt_tokens: Sequen
     if len(arrival_s) and float(arrival_s[0]) < 0:
         raise ValueError(f"arrival_s must start at or after 0, got {arrival_s[0]}")
     pacer = pacer if pacer is not None else SimulatedPacer()
-    name = "static" if decider is None else getattr(decider, "name", type(decider).__name__)
+    name = decider_name(decider)
     with gc_paused():  # collector pauses would land in iteration times (see runtime.gc_pause)
         t0 = time.perf_counter()
         engine = Engine(pacer.executor(executor), knobs, config)
@@ -327,5 +393,34 @@ def replay(executor: Executor, arrival_s: Sequence[float], prompt_tokens: Sequen
                         max_s=max_s, on_interval=on_interval)
         wall_s = time.perf_counter() - t0
     return RunResult(engine.summary(), wall_s, engine, name, pacer.realtime,
+                     session.num_decisions, dict(session.sources), list(session.records),
+                     pacer.lag_summary())
+
+
+def decider_name(decider: Decider | None) -> str:
+    """The name a run result gives its decider (``static`` for fixed knobs)."""
+    return "static" if decider is None else getattr(decider, "name", type(decider).__name__)
+
+
+def run_engine(engine: ServingEngine, pacer: Pacer, decider: Decider | None = None, *,
+               interval_s: float = DEFAULT_INTERVAL_S, max_s: float = math.inf,
+               on_interval: Callable[[IntervalRecord], None] | None = None,
+               history: int = DEFAULT_HISTORY) -> RunResult:
+    """Run an engine that already holds its requests (a live vLLM engine, built outside the
+    loop) through the interval loop until every request has finished or been rejected (or
+    ``max_s`` engine seconds, after which the rest are aborted). The wall time counts the run
+    only. The cyclic collector is paused, as :func:`replay` pauses it.
+
+    :param engine: the engine, its requests queued
+    :param pacer: how its time maps to wall time
+    :param decider: decides the knobs every ``interval_s`` (None: keep the engine's knobs)
+    """
+    with gc_paused():
+        t0 = time.perf_counter()
+        session = Session(engine, interval_s=interval_s, pacer=pacer, history=history)
+        session.run(decider if decider is not None else StaticController(engine.knobs),
+                    max_s=max_s, on_interval=on_interval)
+        wall_s = time.perf_counter() - t0
+    return RunResult(engine.summary(), wall_s, engine, decider_name(decider), pacer.realtime,
                      session.num_decisions, dict(session.sources), list(session.records),
                      pacer.lag_summary())

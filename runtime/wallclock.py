@@ -23,9 +23,12 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from runtime.engine.engine import Engine
 from runtime.engine.executor import Batch, DecodeCost, Executor, IterationResult
+
+if TYPE_CHECKING:
+    from runtime.session import ServingEngine
 
 _TICK_S = 1e-9
 """the wall clock counts as level with the engine within this (float rounding of the clock)"""
@@ -46,7 +49,7 @@ class WallClockExecutor:
         self.memory = inner.memory
         self.max_model_len = inner.max_model_len
         self.pacer = pacer
-        self.engine: Engine | None = None
+        self.engine: ServingEngine | None = None
         """the engine it runs for (set by :meth:`WallClockPacer.start`)"""
         self.lag_s = 0.0
         """wall time charged beyond the executor's own measurement (scheduler work between
@@ -116,7 +119,7 @@ class WallClockPacer:
         self.wrapped = WallClockExecutor(inner, self)
         return self.wrapped
 
-    def start(self, engine: Engine) -> None:
+    def start(self, engine: ServingEngine) -> None:
         """Tie the wall clock's present to the engine's ``now`` (on the loop's first interval)."""
         if self._t0 is not None:
             return
@@ -138,7 +141,7 @@ class WallClockPacer:
         if delay > _TICK_S:
             self.sleep(delay)
 
-    def advance(self, engine: Engine, t_s: float) -> None:
+    def advance(self, engine: ServingEngine, t_s: float) -> None:
         """Run ``engine`` to engine time ``t_s`` no faster than the wall clock: sleep while it is
         idle until its next event, hold it while it is ahead, and return once the wall clock has
         reached the engine's time."""

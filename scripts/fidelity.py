@@ -2,6 +2,7 @@
 simulator calibrated from it, and report how far they disagree.
 
     python scripts/fidelity.py --json
+    .venv-vllm/bin/python scripts/fidelity.py --engine vllm --trace azure-conv --json
     python scripts/fidelity.py --device cuda --shape llama2-7b --profile h200-measured.json --json
 
 Calibration. The simulator's profile is the shipped (or given) measured profile, with its cost
@@ -45,6 +46,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -66,16 +68,32 @@ from runtime.engine.recording import RecordingExecutor, record_features
 from runtime.engine.sim_executor import SimulatedExecutor
 from runtime.gc_pause import gc_paused
 from runtime.locations import profiles_dir
+from runtime.vllm import PROFILE_NAME
 
 # the sibling script: a module of the package batchpilot_scripts when installed, a top-level
 # module beside this file when run as `python scripts/fidelity.py`
 if __package__:
-    from .serve_replay import ServeReplayArgs, build_torch_executor, run, warm_up
+    from .serve_replay import (
+        ServeReplayArgs,
+        build_torch_executor,
+        run,
+        run_vllm,
+        start_vllm,
+        warm_up,
+    )
 else:
-    from serve_replay import ServeReplayArgs, build_torch_executor, run, warm_up
+    from serve_replay import (
+        ServeReplayArgs,
+        build_torch_executor,
+        run,
+        run_vllm,
+        start_vllm,
+        warm_up,
+    )
 
 DEFAULT_PROFILES = {"tiny": "cpu-tiny-measured.json"}
 """the measured profile of each shape, a file in :func:`profiles_dir`"""
+
 
 
 def rel(sim: float, meas: float) -> float:
@@ -159,11 +177,122 @@ class Args(ServeReplayArgs):
     120 on the CPU, 0 on CUDA, where it would cost minutes of accelerator time)"""
     retime_repeats: int = 4
     """timings of every re-timed iteration"""
+    repeats: int = 3
+    """--engine vllm: (calibration, measured) replay pairs, one after the other; each figure
+    is reported as the median of the pairs with its range"""
+
+
+FIGURES = ("iter_err_median", "iter_err_p90", "iter_bias_median", "ttft_p50_err",
+           "ttft_p99_err", "tpot_p50_err", "tpot_p99_err", "attainment_diff",
+           "attainment_measured", "attainment_simulated", "shipped_profile_iter_err_median",
+           "controller_cost_ratio")
+"""the figures of one replay pair (see the module docstring)"""
+
+
+def compare_runs(profile: Profile, shipped: Profile, x: np.ndarray, y: np.ndarray,
+                 measured, simulated) -> dict:
+    """The figures of a measured replay (its iterations' features ``x`` and times ``y``)
+    against the simulated replay of the same window."""
+    err = np.abs(predict(profile.cost, x) - y) / y
+    shipped_err = np.abs(predict(shipped.cost, x) - y) / y
+    m, s = measured.as_dict(), simulated.as_dict()
+    return {
+        "iter_err_median": float(np.median(err)),
+        "iter_err_p90": float(np.percentile(err, 90)),
+        "iter_bias_median": float(np.median((predict(profile.cost, x) - y) / y)),
+        "iter_err_median_by_kind": {k: float(np.median(err[v]))
+                                    for k, v in kind_masks(x).items() if v.any()},
+        "ttft_p50_err": rel(s["ttft_p50_s"], m["ttft_p50_s"]),
+        "ttft_p99_err": rel(s["ttft_p99_s"], m["ttft_p99_s"]),
+        "tpot_p50_err": rel(s["tpot_p50_s"], m["tpot_p50_s"]),
+        "tpot_p99_err": rel(s["tpot_p99_s"], m["tpot_p99_s"]),
+        "attainment_diff": 100.0 * (s["slo_attainment"] - m["slo_attainment"]),
+        "attainment_measured": m["slo_attainment"],
+        "attainment_simulated": s["slo_attainment"],
+        "shipped_profile_iter_err_median": float(np.median(shipped_err)),
+        "shipped_profile_iter_bias_median": float(np.median((predict(shipped.cost, x) - y) / y)),
+        "iterations_measured": m["iterations"], "iterations_simulated": s["iterations"],
+        "requests": m["requests"],
+        "measured": {k: m[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+                                       "slo_attainment", "preemptions", "ooms", "finished",
+                                       "wall_s")},
+        "simulated": {k: s[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+                                        "slo_attainment", "preemptions", "ooms", "finished")},
+    }
+
+
+def step_features(engine) -> tuple[np.ndarray, np.ndarray]:
+    """A vLLM replay's steps: feature rows and the step times as the loop lived them."""
+    x = np.array([st.features for st in engine.steps], dtype=np.float64).reshape(-1, 5)
+    y = np.array([st.lived_s for st in engine.steps], dtype=np.float64)
+    return x, y
+
+
+def fidelity_vllm(args: Args, log) -> dict:
+    """The fidelity figures against a live vLLM engine: ``repeats`` pairs of a calibration
+    replay (the next window of the trace, or the Poisson stream of seed + 1000) and a measured
+    replay through vLLM, the simulator calibrated on the first replaying the second."""
+    shipped = Profile.load(args.profile or profiles_dir() / PROFILE_NAME)
+    t0 = time.perf_counter()
+    server = start_vllm(args)
+    log(f"vLLM {server.version} started in {server.startup_s:.0f} s")
+    cargs = copy.copy(args)
+    cargs.duration = args.calibrate_seconds
+    if args.trace is not None:
+        cargs.start = args.start + args.duration
+    else:
+        cargs.seed = args.seed + 1000
+    pairs = []
+    for k in range(args.repeats):
+        log(f"pair {k + 1}/{args.repeats}: calibration replay ({cargs.duration:g} s) ...")
+        _, cal = run_vllm(cargs, server, record_steps=True)
+        cx, cy = step_features(cal)
+        cost = fit_cost_model(cx, cy)
+        profile = dataclasses.replace(shipped, name=shipped.name + "+in-situ", cost=cost)
+        log(f"pair {k + 1}/{args.repeats}: measured replay ({args.duration:g} s) ...")
+        measured, eng = run_vllm(args, server, record_steps=True)
+        x, y = step_features(eng)
+        simulated = run(args, SimulatedExecutor(profile), realtime=False)
+        pair = compare_runs(profile, shipped, x, y, measured, simulated)
+        pair["calibration"] = {"iterations": int(len(cy)), "cost": dataclasses.asdict(cost),
+                               "fit_rel_err_median": float(np.median(
+                                   np.abs(predict(cost, cx) - cy) / cy))}
+        pair["conservation"] = eng.check_conservation()
+        pair["controller_cost"] = eng.controller_cost(
+            sum(r.decide_us for r in measured.intervals) * 1e-6)
+        pair["load_1m"] = os.getloadavg()[0]
+        pair["controller_cost_ratio"] = pair["controller_cost"]["ratio"]
+        pairs.append(pair)
+        log(f"  iteration error median {pair['iter_err_median']:.1%}, attainment "
+            f"{pair['attainment_measured']:.1%} measured / {pair['attainment_simulated']:.1%} "
+            f"simulated")
+    out: dict = {}
+    for key in FIGURES:
+        values = [p[key] for p in pairs]
+        out[key] = float(np.median(values))
+        out[key + "_range"] = [float(min(values)), float(max(values))]
+    out.update({"engine": f"vllm {server.version}", "vllm_startup_s": server.startup_s,
+                "pairs": pairs, "profile": str(args.profile or PROFILE_NAME),
+                "controller": args.controller, "trace": args.trace, "start_s": args.start,
+                "duration_s": args.duration, "calibrate_seconds": args.calibrate_seconds,
+                "rate_rps": args.rate, "repeats": args.repeats,
+                "seconds": time.perf_counter() - t0,
+                "note": "a pair's vLLM replays run in wall-clock time on a shared machine: the "
+                        "ranges are the spread over the pairs, load_1m the machine's load"})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
     log = (lambda *a: None) if args.json else (lambda *a: print(*a, file=sys.stderr))
+    if args.engine == "vllm":
+        out = fidelity_vllm(args, log)
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(out, indent=2) + "\n")
+        print(json.dumps({k: v for k, v in out.items() if k != "pairs"},
+                         indent=None if args.json else 2))
+        return 0
     if args.retime is None:
         args.retime = 120 if args.device == "cpu" else 0
 
@@ -205,33 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     sim_s = time.perf_counter() - t
 
     x, y = record_features(rec.records, lags or None)
-    err = np.abs(predict(profile.cost, x) - y) / y
-    shipped_err = np.abs(predict(shipped.cost, x) - y) / y
-    kinds = kind_masks(x)
-    m, s = measured.as_dict(), simulated.as_dict()
     out = {
-        "iter_err_median": float(np.median(err)),
-        "iter_err_p90": float(np.percentile(err, 90)),
-        "iter_bias_median": float(np.median((predict(profile.cost, x) - y) / y)),
-        "iter_err_median_by_kind": {k: float(np.median(err[v])) for k, v in kinds.items()
-                                    if v.any()},
-        "ttft_p50_err": rel(s["ttft_p50_s"], m["ttft_p50_s"]),
-        "ttft_p99_err": rel(s["ttft_p99_s"], m["ttft_p99_s"]),
-        "tpot_p50_err": rel(s["tpot_p50_s"], m["tpot_p50_s"]),
-        "tpot_p99_err": rel(s["tpot_p99_s"], m["tpot_p99_s"]),
-        "attainment_diff": 100.0 * (s["slo_attainment"] - m["slo_attainment"]),
-        "attainment_measured": m["slo_attainment"],
-        "attainment_simulated": s["slo_attainment"],
-        "shipped_profile_iter_err_median": float(np.median(shipped_err)),
-        "shipped_profile_iter_bias_median": float(np.median((predict(shipped.cost, x) - y) / y)),
-        "iterations_measured": m["iterations"], "iterations_simulated": s["iterations"],
-        "engine_lag_per_iter_s": m.get("lag_per_call_s", 0.0), "timer": args.timer,
-        "requests": m["requests"],
-        "measured": {k: m[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-                                       "slo_attainment", "preemptions", "ooms", "finished",
-                                       "wall_s")},
-        "simulated": {k: s[k] for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-                                        "slo_attainment", "preemptions", "ooms", "finished")},
+        **compare_runs(profile, shipped, x, y, measured, simulated),
+        "engine_lag_per_iter_s": measured.as_dict().get("lag_per_call_s", 0.0),
+        "timer": args.timer,
         "calibration": calib,
         "profile": str(profile_path), "shape": args.shape, "device": args.device,
         "controller": args.controller, "rate_rps": args.rate, "duration_s": args.duration,

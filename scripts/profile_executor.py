@@ -1,7 +1,9 @@
-"""Profile the torch executor and write a measured executor profile.
+"""Profile the torch executor (or a live vLLM engine) and write a measured executor profile.
 
     python scripts/profile_executor.py --device cpu --shape tiny \
         --out checkpoints/profiles/cpu-tiny-measured.json
+    .venv-vllm/bin/python scripts/profile_executor.py --engine vllm \
+        --out checkpoints/profiles/cpu-vllm-tiny-measured.json
     python scripts/profile_executor.py --device cuda --shape llama2-7b --budget-gib 40 \
         --compare checkpoints/profiles/h200-llama2-7b-40gib-roofline.json --out h200-measured.json
 
@@ -198,6 +200,14 @@ def compare(measured: Profile, reference: Profile) -> dict:
 class Args:
     out: Path
     """the profile file to write"""
+    engine: Literal["torch", "vllm"] = "torch"
+    """what to profile: the torch executor, or a live vLLM engine (``--model``, in the vLLM
+    venv; docs/vllm.md)"""
+    model: str | None = None
+    """--engine vllm: the model folder (default: the tiny dummy-weight model, written to a
+    temporary folder)"""
+    kv_cache_gib: float = 1 / 16
+    """--engine vllm: the KV pool vLLM allocates at start-up, GiB"""
     device: Literal["cpu", "cuda"] = "cpu"
     """torch device to measure on"""
     shape: str = "tiny"
@@ -224,8 +234,78 @@ class Args:
     """profile name (default from device and shape)"""
 
 
+# the vLLM profile's grid, sized for the tiny model on a 2-core CPU: (full, quick)
+VLLM_GRIDS = (dict(prefill_tokens=(64, 256, 1024, 2048), prefill_starts=(0, 1024),
+                   decode_seqs=(1, 4, 16, 48), decode_contexts=(128, 512, 1536),
+                   mixed_chunks=(256,)),
+              dict(prefill_tokens=(64, 512, 2048), prefill_starts=(0, 1024),
+                   decode_seqs=(1, 8, 32), decode_contexts=(128, 1024), mixed_chunks=(256,)))
+
+
+def profile_vllm(args: Args) -> int:
+    """The vLLM engine's profile: vLLM's own steps on the grid, the cost model fitted to them."""
+    import tempfile
+
+    from runtime.vllm.engine import VllmServer, VllmSettings
+    from runtime.vllm.model import write_tiny_model
+    from runtime.vllm.probe import measure_cap_changes, measure_vllm, memory_model, spread
+
+    t_start = time.perf_counter()
+    model = args.model or str(write_tiny_model(tempfile.mkdtemp(prefix="tiny-llama-")))
+    server = VllmServer.start(VllmSettings(model=model, kv_cache_gib=args.kv_cache_gib,
+                                           seed=args.seed))
+    repeats = args.repeats if args.repeats is not None else 3 if args.quick else 5
+    mem = memory_model(server)
+    grid = default_grid(server.max_model_len, server.pool_blocks, mem.block_size,
+                        **VLLM_GRIDS[1 if args.quick else 0])
+    print(f"profiling vLLM {server.version} ({model}), {server.pool_blocks} KV blocks of "
+          f"{mem.block_size} tokens, {len(grid)} points x {repeats} repeats", flush=True)
+    ms, raw = measure_vllm(server, grid, repeats=repeats, seed=args.seed, progress=True)
+    if len(ms) < 8:
+        raise SystemExit(f"only {len(ms)} grid points ran: too few to fit the cost model")
+    rep = fit_with_holdout(ms)
+    resize = measure_cap_changes(server)
+    hw = hardware_info(torch.device("cpu"))
+    name = args.name or "cpu-vllm-tiny-measured"
+    profile = Profile(
+        name=name, kind="measured", memory=mem, cost=rep.cost, oom_penalty_s=0.0,
+        resize_fixed_s=resize["resize_fixed_s"], resize_per_gib_s=resize["resize_per_gib_s"],
+        block_copy_s=0.0, max_model_len=server.max_model_len,
+        hardware={**hw, "engine": f"vllm {server.version}", "kv_cache_gib": args.kv_cache_gib,
+                  "timer": "wall", "shared_machine_load_1m": os.getloadavg()[0]},
+        model={**server.model_config, "weights": "dummy (random)" if args.model is None
+               else model},
+        derivation={"script": "scripts/profile_executor.py --engine vllm",
+                    "grid": "quick" if args.quick else "full", "repeats": repeats,
+                    "startup_s": round(server.startup_s, 1), "resize": resize,
+                    "repeat_spread": spread(ms),
+                    "notes": "each point set up untimed in vLLM and its step timed (decodes: "
+                             "consecutive steps); features as vLLM scheduled them; points in a "
+                             "fresh random order each pass; no OOM (vLLM reserves activation "
+                             "memory at start-up) and no block copies (the cap withholds blocks)",
+                    "seconds": round(time.perf_counter() - t_start, 1)},
+        fit={**rep.as_dict(),
+             "points_table": [{"point": m.point.label(), "kind": m.point.kind,
+                               "median_s": m.median_s, "samples": len(m.times_s),
+                               "predicted_s": float(np.dot(m.features, [
+                                   rep.cost.const_s, rep.cost.prefill_token_s,
+                                   rep.cost.prefill_attn_pair_s, rep.cost.decode_seq_s,
+                                   rep.cost.decode_ctx_token_s]))} for m in ms]},
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(args.out)
+    print(json.dumps({"profile": str(args.out), "points": rep.num_points, "samples": len(raw),
+                      **rep.as_dict(), "cost": {k: getattr(rep.cost, k)
+                                                for k in CostModel.__dataclass_fields__},
+                      "repeat_spread": spread(ms), **resize,
+                      "seconds": round(time.perf_counter() - t_start, 1)}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
+    if args.engine == "vllm":
+        return profile_vllm(args)
     if args.shape not in SHAPES:
         print(f"profile_executor: --shape must be one of {', '.join(sorted(SHAPES))}, got "
               f"{args.shape!r}", file=sys.stderr)

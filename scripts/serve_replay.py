@@ -5,6 +5,7 @@ controller retuning the knobs every decision interval; print the run's summary a
     python scripts/serve_replay.py --trace azure-conv --start 600 --duration 20 --controller pid
     python scripts/serve_replay.py --executor sim \
         --profile checkpoints/profiles/cpu-tiny-measured.json
+    .venv-vllm/bin/python scripts/serve_replay.py --engine vllm --trace azure-conv --controller pid
 
 ``--controller`` is any name of the controller registry (:mod:`agents.registry`): ``static``
 (the knobs given), ``pid``, ``aimd``, ``policy:PATH``, or ``module:factory`` for any other
@@ -32,8 +33,10 @@ from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.engine.slo import SloTarget
 from runtime.knobs import Knobs
+from runtime.locations import profiles_dir
 from runtime.session import DEFAULT_HISTORY, RunResult, SimulatedPacer, replay
 from runtime.steady_cpu import steady_allocator
+from runtime.vllm import PROFILE_NAME, slo_classes_for
 from runtime.wallclock import WallClockPacer
 
 # Defaults sized for the CPU tiny shape (an iteration takes a few milliseconds): targets that
@@ -91,6 +94,15 @@ class ServeReplayArgs:
     """TPOT target, seconds (default: 0.02 tiny, 0.05 llama2-7b)"""
     max_num_seqs: int = 256
     """most sequences in a batch"""
+    engine: Literal["torch", "vllm"] = "torch"
+    """the engine: the project's engine on the torch executor, or a live vLLM engine (run in
+    the vLLM venv, .venv-vllm; docs/vllm.md)"""
+    model: str | None = None
+    """--engine vllm: the model folder (default: the tiny dummy-weight Llama, written to a
+    temporary folder)"""
+    kv_cache_gib: float = 1 / 16
+    """--engine vllm: the KV pool vLLM allocates at start-up, GiB (the cap at the top of the
+    ratio knob's range)"""
 
 
 @dataclass
@@ -124,10 +136,21 @@ def window_from_args(args: ServeReplayArgs) -> Trace:
                    output=lengths(args.output_median, OUTPUT_SIGMA, OUTPUT_MAX))
 
 
+def vllm_slo(args: ServeReplayArgs) -> dict[str, float]:
+    """--engine vllm: targets scaled to vLLM's speed, from the measured profile (``--profile``,
+    else the committed one: runtime.vllm.slo_classes_for)."""
+    path = getattr(args, "profile", None) or profiles_dir() / PROFILE_NAME
+    target = slo_classes_for(Profile.load(path))["interactive"]
+    return {"ttft_s": target.ttft_s, "tpot_s": target.tpot_s,
+            "ttft_per_prompt_token_s": target.ttft_per_prompt_token_s}
+
+
 def engine_config_from_args(args: ServeReplayArgs) -> EngineConfig:
-    slo = TINY_SLO if args.shape == "tiny" else H200_SLO
+    slo = (vllm_slo(args) if args.engine == "vllm" else TINY_SLO) if args.shape == "tiny" \
+        else H200_SLO
     target = SloTarget(args.ttft_slo if args.ttft_slo is not None else slo["ttft_s"],
-                       args.tpot_slo if args.tpot_slo is not None else slo["tpot_s"])
+                       args.tpot_slo if args.tpot_slo is not None else slo["tpot_s"],
+                       ttft_per_prompt_token_s=slo.get("ttft_per_prompt_token_s", 0.0))
     return EngineConfig(max_num_seqs=args.max_num_seqs, slo_classes={"interactive": target},
                         default_slo_class="interactive")
 
@@ -175,10 +198,66 @@ def run(args: ServeReplayArgs, executor, realtime: bool,
                   history=DEFAULT_HISTORY)
 
 
+def start_vllm(args: ServeReplayArgs):
+    """vLLM started in this process for ``--engine vllm`` (tens of seconds)."""
+    import tempfile
+
+    from runtime.vllm.engine import VllmServer, VllmSettings
+    from runtime.vllm.model import write_tiny_model
+
+    model = args.model or str(write_tiny_model(tempfile.mkdtemp(prefix="tiny-llama-")))
+    return VllmServer.start(VllmSettings(model=model, kv_cache_gib=args.kv_cache_gib,
+                                         max_num_seqs=args.max_num_seqs, seed=args.seed))
+
+
+def run_vllm(args: ServeReplayArgs, server, record_steps: bool = False, on_interval=None):
+    """Replay the window of ``args`` on a live vLLM engine under the interval loop, the
+    controller behind a fail-safe (a fault holds the static knobs, vLLM keeps serving). Returns
+    the run's result and the engine (its step timings when ``record_steps``)."""
+    from runtime.decider.failsafe import FailSafe
+    from runtime.session import run_engine
+    from runtime.vllm.engine import VllmPacer
+
+    w = window_from_args(args)
+    knobs = Knobs.clamped(args.window_ms, args.chunk, args.ratio)
+    config = engine_config_from_args(args)
+    spec = EvalSpec(args.trace or "synthetic", "train", None, args.interval, config, knobs)
+    engine = server.engine(config, knobs, seed=args.seed, record_steps=record_steps)
+    engine.add_requests(w.arrival_s, w.prompt_tokens, w.output_tokens, w.slo_class)
+    decider = FailSafe(make_controller(args.controller, spec), knobs)
+    return run_engine(engine, VllmPacer(), decider, interval_s=args.interval,
+                      on_interval=on_interval), engine
+
+
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, description=__doc__.splitlines()[0])
 
     t = time.perf_counter()
+    if args.engine == "vllm":
+        server = start_vllm(args)
+        w = window_from_args(args)
+        print(f"replaying {len(w)} requests ({w.source}) on vLLM {server.version} "
+              f"(started in {server.startup_s:.0f} s), controller {args.controller}",
+              file=sys.stderr)
+        first: list[float] = []
+
+        def on_interval(record) -> None:
+            if not first:
+                first.append(time.perf_counter() - t)
+
+        res, engine = run_vllm(args, server, on_interval=on_interval)
+        out = {"summary": res.as_dict(), "setup_s": time.perf_counter() - t - res.wall_s,
+               "vllm_startup_s": server.startup_s,
+               "first_decision_s": first[0] if first else None,  # from the command's main
+               "window": w.source, "conservation": engine.check_conservation(),
+               "controller_cost": engine.controller_cost(
+                   sum(r.decide_us for r in res.intervals) * 1e-6),
+               "intervals": [r.as_dict() for r in res.intervals]}
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(out, indent=2) + "\n")
+        print(json.dumps({**out["summary"], "conservation": out["conservation"]}, indent=2))
+        return 0
     if args.executor == "torch":
         executor = build_torch_executor(args)
         warm_up(executor)

@@ -129,7 +129,7 @@ def test_render_ansi_shows_the_knobs_and_the_queue():
 @pytest.mark.parametrize("kwargs,match", [
     ({"rate_scale_range": (0.0, 1.0)}, "rate_scale_range"),
     ({"episode_s": 0.1}, "episode_s > interval_s"),
-    ({"executor": "gpu"}, "executor must be 'sim' or 'torch'"),
+    ({"executor": "gpu"}, "executor must be 'sim', 'torch' or 'vllm'"),
     ({"render_mode": "human"}, "render_mode must be None or 'ansi'"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, match):

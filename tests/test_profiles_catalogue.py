@@ -168,5 +168,5 @@ def test_list_profiles_prints_the_key_figures_of_the_chosen_ones():
     assert rows[0]["name"] == "h100-llama3.1-8b-40gib-roofline"
     assert rows[0]["kv_blocks"] == {"0.4": 5128, "0.9": 11539, "0.95": 12180}
     assert rows[0]["source"] == "derived: datasheet x efficiency"
-    assert [r["name"] for r in rows[1:]] == ["cpu-tiny-0.25gib-measured",
+    assert [r["name"] for r in rows[1:]] == ["cpu-tiny-0.25gib-measured", "cpu-vllm-tiny-measured",
                                              "h200-llama2-7b-40gib-roofline"]

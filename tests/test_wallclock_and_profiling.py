@@ -121,6 +121,7 @@ def test_gpu_check_dry_run_on_the_cpu(tmp_path):
     prof = Profile.load(next(tmp_path.glob("*-measured.json")))
     assert prof.kind == "measured" and "heldout_rel_err_median" in prof.fit
     assert json.loads((tmp_path / "serve_replay.json").read_text())["summary"]["finished"] > 0
+    assert "off by more than 4x" in (tmp_path / "roofline_check.log").read_text()
 
 
 def test_make_executor_by_name():
