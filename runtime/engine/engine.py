@@ -127,6 +127,7 @@ class Engine(QueuesMixin, ObservingMixin):
         # newest batch request is last, so it is the first preempted
         self.running: list[Request] = []
         self._num_running_batch = 0
+        self._batch_blocks = 0  # KV blocks the running batch requests hold
         self._num_prefilling = 0  # running requests that still have prompt (or recompute) work
         self._set_policy(self.config.admission, knobs.admission_slack)
         self.batch_share = knobs.batch_share
@@ -225,6 +226,8 @@ class Engine(QueuesMixin, ObservingMixin):
                     if block is None:
                         continue  # r itself was preempted (it was the newest)
                     r.block_ids.append(block)
+                    if r.is_batch:
+                        self._batch_blocks += 1
                 decodes.append(r)
                 ctx += computed + 1
             elif budget > 0:
@@ -312,9 +315,43 @@ class Engine(QueuesMixin, ObservingMixin):
         return True
 
     # ------------------------------------------------------------------ closed-form decode
+    def _decode_wake(self, until: float) -> float:
+        """When a decode-only stretch starting now must stop: ``until``, the next arrival, the
+        admission deadline of the waiting head (if ahead) or, when deadlines change the queues,
+        the next one."""
+        wake = until
+        pending = self._pending
+        if self._next_pending < len(pending):
+            arrival = pending[self._next_pending].arrival_s
+            if arrival < wake:
+                wake = arrival
+        if self.waiting:
+            # A deadline already past means _admit() ran and the head did not fit: only a
+            # completion or a preemption (both end the stretch) can change that.
+            deadline = self.waiting[0].arrival_s + self.knobs.batch_window_ms * 1e-3
+            if self.now < deadline < wake:
+                wake = deadline
+        if (not self._fcfs or self.waiting_batch) and self._deadlines:
+            # a late request or an expiring batch one changes the queues at its deadline, as
+            # the step-by-step path would see it
+            head = self._deadlines[0][0]
+            if head < wake:
+                wake = head
+        return wake
+
     def _fast_decode(self, until: float) -> bool:
-        """Advance a decode-only stretch in closed form up to the next event. Returns False (and
-        changes nothing) when the state does not allow it."""
+        """Advance decode-only stretches in closed form, each up to the next event. Returns False
+        (and changes nothing) when the state does not allow one.
+
+        A stretch ends where the step-by-step loop has something to do. Where that is only a
+        completion, an arrival, a deadline or a wait for admission (nothing admitted, no block
+        short), the requests and queues are updated there as :meth:`run_until` would and the next
+        stretch starts at once from the same closed form: the run is the one :meth:`run_until`
+        makes calling this once a stretch, to the bit, without a pass over the running requests
+        per stretch. Every stretch advances the running requests' token counts by the same
+        number of tokens, so they are brought up to date once, at the end (a completing request
+        at its completion); their blocks are taken stretch by stretch, in the order the
+        one-stretch path takes them, so that every block id is the same."""
         cost = self._decode_cost
         running = self.running
         if cost is None or self._num_prefilling or not running:
@@ -323,85 +360,126 @@ class Engine(QueuesMixin, ObservingMixin):
         if n > self._max_batch_tokens:
             return False
         now = self.now
-        wake = min(until, self._next_arrival_s())
-        if self.waiting:
-            # A deadline already past means _admit() ran and the head did not fit: only a
-            # completion or a preemption (both end the stretch) can change that.
-            deadline = self._admission_deadline()
-            if deadline > now:
-                wake = min(wake, deadline)
-        if (not self._fcfs or self.waiting_batch) and self._deadlines:
-            # a late request or an expiring batch one changes the queues at its deadline, as
-            # the step-by-step path would see it
-            wake = min(wake, self._deadlines[0][0])
+        wake = self._decode_wake(until)
         if wake <= now:
             return False
         bs = self.block_size
         ctx = 0
-        k_fin = 1 << 62
+        # by position in ``running``: the iteration of the stretches at which each request next
+        # needs a block (o = held * B - computed, then every B), and the one at which it ends
+        needs = []
+        ends = []
+        i = 0
         for r in running:
-            ctx += r.num_computed_tokens + 1
-            left = r.output_tokens - r.num_output_tokens
-            if left < k_fin:
-                k_fin = left
-        # iteration i starts at now + A*i + Bq*i*(i-1); it takes a + c*(ctx + n*i)
-        a = cost.const_s + cost.per_seq_s * n + cost.per_ctx_token_s * ctx
-        bq = cost.per_ctx_token_s * n * 0.5
-
-        def start(i: int) -> float:
-            return now + a * i + bq * i * (i - 1)
-
-        d = wake - now
-        if bq > 0:
-            lin = a - bq
-            k_time = math.ceil((-lin + math.sqrt(lin * lin + 4.0 * bq * d)) / (2.0 * bq))
-        else:
-            k_time = math.ceil(d / a) if a > 0 else k_fin
-        k_time = max(1, k_time)
-        while k_time > 1 and start(k_time - 1) >= wake:
-            k_time -= 1
-        while start(k_time) < wake:
-            k_time += 1
-        k = min(k_fin, k_time)
-
-        # Blocks: request r needs one at iterations o_r, o_r + B, ... where o_r = held*B - computed.
-        free = self.pool.num_free
-        if free < n * (-(-k // bs)):
-            offsets = sorted(len(r.block_ids) * bs - r.num_computed_tokens for r in running)
-            q, j = divmod(free, n)
-            k_block = q * bs + offsets[j]
-            if k_block < k:
-                k = k_block
-        if k <= 0:
-            return False
-
-        # advance every request by k tokens, allocating the blocks they crossed into
+            c = r.num_computed_tokens
+            ctx += c + 1
+            ends.append((r.output_tokens - r.num_output_tokens, i))
+            needs.append((len(r.block_ids) * bs - c, i))
+            i += 1
+        heapq.heapify(needs)
+        heapq.heapify(ends)
+        # iteration i of a stretch starts at now + A*i + Bq*i*(i-1); it takes a + c*(ctx + n*i)
+        per_ctx = cost.per_ctx_token_s
+        a0 = cost.const_s + cost.per_seq_s * n
+        bq = per_ctx * n * 0.5
         pool = self.pool
-        end = start(k)
-        self.now = end
-        any_done = False
-        for r in running:
-            c = r.num_computed_tokens + k
-            r.num_computed_tokens = c
-            r.num_output_tokens += k
-            extra = -(-c // bs) - len(r.block_ids)
-            if extra > 0:
-                more = pool.allocate(extra)
-                assert more is not None, "the step reserved these blocks"
-                r.block_ids.extend(more)
-            if r.num_output_tokens == r.output_tokens:
-                any_done = True
-        if any_done:  # finish after all allocations, as the step-by-step path does
-            for r in running:
-                if r.num_output_tokens == r.output_tokens:
-                    self._finish(r)
-            self.running = [r for r in running if r.status == Status.RUNNING]
-        self.num_iterations += k
-        self.num_fast_stretches += 1
         iv = self._interval
-        iv.iterations += k
-        iv.busy_s += end - now
-        iv.decode_tokens += n * k
+        dl = self._deadlines
+        running_status = Status.RUNNING
+        done = 0  # iterations run by the stretches so far (the token counts lag by as many)
+        while True:
+            k_fin = ends[0][0] - done
+            a = a0 + per_ctx * ctx
+            d = wake - now
+            if bq > 0:
+                lin = a - bq
+                k_time = math.ceil((-lin + math.sqrt(lin * lin + 4.0 * bq * d)) / (2.0 * bq))
+            else:
+                k_time = math.ceil(d / a) if a > 0 else k_fin
+            if k_time < 1:
+                k_time = 1
+            while k_time > 1 and now + a * (k_time - 1) + bq * (k_time - 1) * (k_time - 2) >= wake:
+                k_time -= 1
+            while now + a * k_time + bq * k_time * (k_time - 1) < wake:
+                k_time += 1
+            k = k_fin if k_fin < k_time else k_time
+
+            # Blocks: request r needs one at iterations o_r, o_r + B, ...
+            free = pool.num_free
+            if free < n * (-(-k // bs)):
+                offsets = sorted(p - done for p, i in needs if running[i].status == running_status)
+                q, j = divmod(free, n)
+                k_block = q * bs + offsets[j]
+                if k_block < k:
+                    k = k_block
+            if k <= 0:
+                break
+            # the blocks the requests cross into, in running order
+            top = done + k
+            if needs[0][0] < top:
+                crossed = []
+                while needs and needs[0][0] < top:
+                    p, i = needs[0]
+                    if running[i].status != running_status:  # ended in an earlier stretch
+                        heapq.heappop(needs)
+                        continue
+                    m = (top - 1 - p) // bs + 1
+                    heapq.heapreplace(needs, (p + m * bs, i))
+                    crossed.append((i, m))
+                crossed.sort()
+                for i, m in crossed:
+                    r = running[i]
+                    more = pool.allocate(m)
+                    assert more is not None, "the stretch reserved these blocks"
+                    r.block_ids.extend(more)
+                    if r.is_batch:
+                        self._batch_blocks += m
+            end = now + a * k + bq * k * (k - 1)
+            self.now = end
+            self.num_iterations += k
+            self.num_fast_stretches += 1
+            iv.iterations += k
+            iv.busy_s += end - now
+            iv.decode_tokens += n * k
+            done = top
+            ctx += n * k
+            if k == k_fin:
+                # completions, in running order, after all the stretch's allocations
+                finishing = []
+                while ends and ends[0][0] == top:
+                    finishing.append(heapq.heappop(ends)[1])
+                finishing.sort()
+                for i in finishing:
+                    r = running[i]
+                    r.num_computed_tokens += top
+                    r.num_output_tokens = r.output_tokens
+                    ctx -= r.num_computed_tokens + 1
+                    self._finish(r)
+                n -= len(finishing)
+                self.running = [r for r in running if r.status == running_status]
+                if not n:
+                    break
+                a0 = cost.const_s + cost.per_seq_s * n
+                bq = per_ctx * n * 0.5
+            if end >= until:
+                break
+            # what run_until does before its next stretch; a stretch follows when that admits
+            # nothing
+            self._take_arrivals()
+            if dl and dl[0][0] <= end:
+                self._count_certain_violations()
+            if not self._admission_idle():
+                break
+            now = end
+            wake = self._decode_wake(until)
+            if wake <= now:
+                break
+        if not done:
+            return False
+        for r in running:
+            if r.status == running_status:
+                r.num_computed_tokens += done
+                r.num_output_tokens += done
         return True
 
     # ------------------------------------------------------------------ driving

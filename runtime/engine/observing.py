@@ -95,6 +95,7 @@ class ObservingMixin(DeadlinesMixin):
         assert self._waiting_tokens == sum(r.num_tokens for r in (*self.waiting, *self.late))
         assert self._batch_waiting_tokens == sum(r.num_tokens for r in self.waiting_batch)
         n_batch = self._num_running_batch
+        assert self._batch_blocks == sum(len(r.block_ids) for r in self.running if r.is_batch)
         assert [r.is_batch for r in self.running] == (
             [False] * (len(self.running) - n_batch) + [True] * n_batch), "class order"
         for q in (self.waiting, self.late, self.waiting_batch):

@@ -42,6 +42,7 @@ class OutcomesMixin(EngineState):
     def _finish(self, r: Request) -> None:
         r.status = Status.FINISHED
         r.finish_s = self.now
+        held = len(r.block_ids)
         self.pool.free(r.block_ids)
         r.block_ids = []
         self._ended_request(r)
@@ -49,6 +50,7 @@ class OutcomesMixin(EngineState):
         iv.finished += 1
         if r.is_batch:
             self._num_running_batch -= 1
+            self._batch_blocks -= held
             if r.meets_slo():
                 iv.met += 1
                 iv.batch_met += 1
