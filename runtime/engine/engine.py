@@ -207,6 +207,35 @@ class Engine(QueuesMixin, ObservingMixin):
         bs = self.block_size
         ctx = pf_tokens = pairs = 0
         batch_budget = int(self.batch_share * budget)
+        if pool.num_free >= len(running):
+            # every decode gets its block if it needs one: nothing is preempted, one plain pass
+            for r in running:
+                computed = r.num_computed_tokens
+                out = r.num_output_tokens
+                todo = r.prompt_tokens + out - computed
+                if out and todo == 1:
+                    if computed >= len(r.block_ids) * bs:
+                        r.block_ids.append(pool.allocate_one())  # type: ignore[arg-type]
+                        if r.is_batch:
+                            self._batch_blocks += 1
+                    decodes.append(r)
+                    ctx += computed + 1
+                elif budget > 0:
+                    n = todo if todo < budget else budget
+                    if r.is_batch:
+                        if n > batch_budget:
+                            n = batch_budget
+                            if n <= 0:
+                                continue
+                        batch_budget -= n
+                    budget -= n
+                    prefills.append((r, n))
+                    pf_tokens += n
+                    pairs += n * computed + n * (n + 1) // 2
+            batch.decode_ctx_tokens = ctx
+            batch.prefill_tokens = pf_tokens
+            batch.prefill_attn_pairs = pairs
+            return batch
         i = 0
         while i < len(running):
             r = running[i]
@@ -427,11 +456,15 @@ class Engine(QueuesMixin, ObservingMixin):
                     heapq.heapreplace(needs, (p + m * bs, i))
                     crossed.append((i, m))
                 crossed.sort()
+                # one allocation, cut as the request-by-request ones would be: each takes the
+                # top of the free stack left by those before it
+                got = pool.allocate(sum(m for _, m in crossed))
+                assert got is not None, "the stretch reserved these blocks"
+                hi = len(got)
                 for i, m in crossed:
                     r = running[i]
-                    more = pool.allocate(m)
-                    assert more is not None, "the stretch reserved these blocks"
-                    r.block_ids.extend(more)
+                    r.block_ids.extend(got[hi - m:hi])
+                    hi -= m
                     if r.is_batch:
                         self._batch_blocks += m
             end = now + a * k + bq * k * (k - 1)
@@ -465,7 +498,9 @@ class Engine(QueuesMixin, ObservingMixin):
                 break
             # what run_until does before its next stretch; a stretch follows when that admits
             # nothing
-            self._take_arrivals()
+            if self._next_pending < len(self._pending) and \
+                    self._pending[self._next_pending].arrival_s <= end:
+                self._take_arrivals()
             if dl and dl[0][0] <= end:
                 self._count_certain_violations()
             if not self._admission_idle():
@@ -488,7 +523,10 @@ class Engine(QueuesMixin, ObservingMixin):
         interrupted); when idle, time jumps to the next arrival or admission deadline."""
         dl = self._deadlines
         while self.now < t:
-            self._take_arrivals()
+            pending = self._pending
+            if self._next_pending < len(pending) and \
+                    pending[self._next_pending].arrival_s <= self.now:
+                self._take_arrivals()
             if dl and dl[0][0] <= self.now:
                 self._count_certain_violations()
             self._admit()

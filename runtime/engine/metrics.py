@@ -238,8 +238,9 @@ class SummaryAccumulator:
         self.batch_tokens = 0
         self.late = 0
 
-    def add(self, r: Request) -> None:
-        """Account for ``r``, which has just finished or been rejected."""
+    def add(self, r: Request, met: bool | None = None) -> None:
+        """Account for ``r``, which has just finished or been rejected (``met``: whether it met
+        its SLO, when the caller has just judged it; else :meth:`Request.meets_slo` judges)."""
         self.num += 1
         self.late += r.is_late
         batch = r.is_batch
@@ -247,7 +248,7 @@ class SummaryAccumulator:
         if r.status == Status.FINISHED:
             assert r.first_token_s is not None and r.finish_s is not None
             self.finished += 1
-            ok = r.meets_slo()
+            ok = r.meets_slo() if met is None else met
             self.met += ok
             if batch:
                 self.batch_decided += 1
