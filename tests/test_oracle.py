@@ -29,7 +29,7 @@ from agents.report import short_name
 from env.traces.trace import Trace
 from runtime.decider.controller import StaticController
 from runtime.engine.engine import Engine
-from runtime.engine.request import RejectReason, Request, Status, _slot_copier
+from runtime.engine.request import RejectReason, Request, Status, slot_copier
 from runtime.engine.state import FINISH
 from runtime.knobs import KNOB_NAMES, NUM_KNOBS, Knobs, knobs_to_action
 from runtime.observation import OBS_DIM
@@ -206,10 +206,10 @@ def test_a_cloned_request_carries_every_slot_whatever_its_value():
     assert c.block_ids == [3, 1, 4] and c.block_ids is not r.block_ids
 
 
-def test_the_slot_copier_copies_each_slot_it_is_given_and_refuses_an_unknown_list():
+def test_theslot_copier_copies_each_slot_it_is_given_and_refuses_an_unknown_list():
     class Two:
         __slots__ = ("a", "ids", "b")
-        clone = _slot_copier(__slots__, own=("ids",))
+        clone = slot_copier(__slots__, own=("ids",))
 
     x = Two()
     x.a, x.ids, x.b = "a", [1], ("b",)
@@ -218,7 +218,7 @@ def test_the_slot_copier_copies_each_slot_it_is_given_and_refuses_an_unknown_lis
     assert y.a is x.a and y.b is x.b and y.ids is not x.ids
     with pytest.raises(ValueError, match=r"own names \['blocks'\], which are not slots of "
                                          r"\('a', 'ids'\)"):
-        _slot_copier(("a", "ids"), own=("blocks",))
+        slot_copier(("a", "ids"), own=("blocks",))
 
 
 def test_the_labeller_writes_an_observation_and_the_oracle_setting_for_every_interval(tmp_path):

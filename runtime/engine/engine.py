@@ -68,6 +68,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.block_pool import BlockPool
 from runtime.engine.config import MAX_ARRIVAL_S, EngineConfig, check_batch_share
 from runtime.engine.executor import Batch, Executor
@@ -81,6 +82,8 @@ from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, Knobs
 __all__ = ["MAX_ARRIVAL_S", "Engine", "EngineConfig"]
 
 _request_id = operator.attrgetter("req_id")
+_IMMUTABLE = frozenset((int, float, bool, str, type(None), AdmissionPolicy))
+"""types of engine state a fork shares rather than copies"""
 _arrival = operator.attrgetter("arrival_s")
 
 
@@ -576,6 +579,40 @@ class Engine(QueuesMixin, ObservingMixin):
                         r.deadline_s - r.arrival_s if r.is_batch else None)
                 for i, r in enumerate(self.arrived_within(span_s))]
 
+    def state_key(self, memory: bool = True) -> tuple:
+        """What decides how this engine runs on from now, and what its open interval's score
+        counters read: two engines with equal keys, holding copies of the same requests (forks
+        of one engine, say), run on to the bit alike and close their intervals with the same
+        ``met``, ``violations``, batch goodput and KV GiB-seconds. The lookahead oracle scores a
+        candidate once per key (:func:`agents.oracle.search`). Left out: what has ended (finished
+        requests, the run summary's inputs), counters that nothing reads back (iterations,
+        preemptions, busy time, first-token ratios) and caches; with ``memory`` False, the memory
+        integrals too (for a score that does not price memory). Requests are identified by id:
+        the key means something only between engines with the same requests."""
+        cfg = self.config
+        iv = self._interval
+
+        def state(r: Request) -> tuple:
+            return (r.req_id, r.status, r.num_computed_tokens, r.num_output_tokens,
+                    r.output_tokens, tuple(r.block_ids), r.first_token_s, r.admitted_s,
+                    r.violation_counted, r.is_late, r.num_preemptions)
+
+        return (
+            self.now, self.knobs, self.batch_share, self._max_batch_tokens, self._chunk_cap,
+            self._policy, self._slack, cfg.max_num_seqs, cfg.watermark, self.max_model_len,
+            id(cfg.slo_classes), id(cfg.cotenant), self._mem_t if memory else None,
+            self.pool.num_blocks, tuple(self.pool.free_ids()),
+            getattr(self.executor, "_num_blocks", None),
+            len(self._pending) - self._next_pending,
+            tuple(map(state, self.running)), tuple(map(state, self.waiting)),
+            tuple(map(state, self.late)), tuple(map(state, self.waiting_batch)),
+            self._waiting_tokens, self._batch_waiting_tokens, self._num_running_batch,
+            self._num_prefilling, self._batch_blocks,
+            tuple(sorted((t, i, kind) for t, i, kind, _ in self._deadlines)),
+            iv.start_s, iv.met, iv.batch_met, iv.violations, iv.batch_violations,
+            iv.batch_goodput_tokens, iv.kv_gib_s if memory else None,
+        )
+
     def fork(self, horizon_s: float = math.inf, arrivals: Sequence[Request] | None = None,
              output_tokens: Callable[[Request], int] | None = None) -> Engine:
         """An independent copy of the engine now, to try settings ahead (a lookahead oracle).
@@ -615,23 +652,43 @@ class Engine(QueuesMixin, ObservingMixin):
             pending.extend(r.clone() for r in arrivals if r.arrival_s <= end)
         memo: dict[int, object] = {id(x): x for x in (self.config, self.memory, self.knobs,
                                                       self._decode_cost, self._cotenant)}
-        memo[id(self.executor)] = fork_executor()
-        memo[id(self.pool)] = self.pool.copy()
-        memo[id(self._pending)] = pending
-        copies: list[Request] = []
-        memo[id(self.requests)] = copies
-        # Requests in flight, in whatever queue holds them, are cloned once each as the deep copy
-        # meets them (Request.__deepcopy__). The deadline heap is rebuilt from those clones rather
-        # than deep-copied tuple by tuple (with a batch drop waiting, most of a fork's time went
-        # there); entries of finished requests are dropped.
-        state = dict(self.__dict__)
-        state["_deadlines"] = []
+        # Requests in flight, in whatever queue holds them, are cloned once each; the containers
+        # the engine is known to hold are rebuilt around the clones, the rest of its state is
+        # taken as it is when immutable and deep-copied otherwise (with the clones in the memo),
+        # so that a field added to the engine is copied too. The deadline heap is rebuilt from
+        # the clones (entries of finished requests dropped), not deep-copied tuple by tuple.
+        clones: dict[int, Request] = {}
+
+        def cloned(r: Request) -> Request:
+            c = clones.get(id(r))
+            if c is None:
+                c = clones[id(r)] = r.clone()
+            return c
+
+        rebuilt: dict[str, object] = {
+            "executor": fork_executor(), "pool": self.pool.copy(), "_pending": pending,
+            "requests": [], "_deadlines": [],
+            "running": [cloned(r) for r in self.running],
+            "waiting": deque(map(cloned, self.waiting)), "late": deque(map(cloned, self.late)),
+            "waiting_batch": deque(map(cloned, self.waiting_batch)),
+            "_interval": self._interval.copy(), "_ended": self._ended.copy(),
+        }
+        memo.update(clones)
+        state = {}
+        for name, value in self.__dict__.items():
+            if name in rebuilt:
+                state[name] = rebuilt[name]
+            elif type(value) in _IMMUTABLE or id(value) in memo:
+                state[name] = memo.get(id(value), value)
+            else:
+                state[name] = copy.deepcopy(value, memo)
+                clones.update((k, v) for k, v in memo.items() if type(v) is Request)
         clone = Engine.__new__(Engine)
-        clone.__dict__ = copy.deepcopy(state, memo)
-        seen = cast(dict[int, Request], memo)
-        clone._deadlines = [(t, i, kind, seen[id(r)] if id(r) in seen else r.__deepcopy__(memo))
-                            for t, i, kind, r in self._deadlines if r.status < Status.FINISHED]
-        copies.extend(v for v in memo.values() if type(v) is Request)
+        clone.__dict__ = state
+        clone._deadlines = [(t, i, kind, cloned(r)) for t, i, kind, r in self._deadlines
+                            if r.status < Status.FINISHED]
+        copies = cast(list[Request], clone.requests)
+        copies.extend(clones.values())
         copies.extend(pending)
         copies.sort(key=_request_id)
         if output_tokens is not None:

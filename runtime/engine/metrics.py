@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.engine.request import RejectReason, Request, Status
+from runtime.engine.request import RejectReason, Request, Status, slot_copier
 
 
 def percentiles(values: Sequence[float], qs: tuple[float, ...]) -> list[float]:
@@ -210,6 +210,12 @@ class RunSummary:
         return dict(self.__dict__)
 
 
+IntervalStats.copy = slot_copier(IntervalStats.__slots__,  # type: ignore[attr-defined]
+                                 own=("ttft_ratios", "tpot_ratios"))
+"""An independent copy (its own ratio lists), for a forked engine: written out from the slots,
+so a field added later is copied too."""
+
+
 _SUMMARY_QS = (50.0, 90.0, 99.0)
 """the TTFT and TPOT percentiles a run summary reports"""
 
@@ -237,6 +243,16 @@ class SummaryAccumulator:
         self.batch_decided = 0
         self.batch_tokens = 0
         self.late = 0
+
+    def copy(self) -> SummaryAccumulator:
+        """An independent copy, for a forked engine."""
+        c = SummaryAccumulator.__new__(SummaryAccumulator)
+        for name in self.__slots__:
+            setattr(c, name, getattr(self, name))
+        c.reasons = dict(self.reasons)
+        c.ttfts = array("d", self.ttfts)
+        c.tpots = array("d", self.tpots)
+        return c
 
     def add(self, r: Request, met: bool | None = None) -> None:
         """Account for ``r``, which has just finished or been rejected (``met``: whether it met
