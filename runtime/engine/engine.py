@@ -379,11 +379,13 @@ class Engine(QueuesMixin, ObservingMixin):
         completion, an arrival, a deadline or a wait for admission (nothing admitted, no block
         short), the requests and queues are updated there as :meth:`run_until` would and the next
         stretch starts at once from the same closed form: the run is the one :meth:`run_until`
-        makes calling this once a stretch, to the bit, without a pass over the running requests
-        per stretch. Every stretch advances the running requests' token counts by the same
-        number of tokens, so they are brought up to date once, at the end (a completing request
-        at its completion); their blocks are taken stretch by stretch, in the order the
-        one-stretch path takes them, so that every block id is the same."""
+        makes calling this once a stretch, to the bit, without two passes over the running
+        requests per stretch. The first stretch advances the requests one by one; from the
+        second on, every stretch advances their token counts by the same number of tokens, so
+        they are brought up to date once, at the end (a completing request at its completion),
+        while their blocks are taken stretch by stretch, in the order the one-stretch path takes
+        them (so every block id is the same), from a sorted list of the iteration at which each
+        request next needs one."""
         cost = self._decode_cost
         running = self.running
         if cost is None or self._num_prefilling or not running:
@@ -397,19 +399,12 @@ class Engine(QueuesMixin, ObservingMixin):
             return False
         bs = self.block_size
         ctx = 0
-        # by position in ``running``: the iteration of the stretches at which each request next
-        # needs a block (o = held * B - computed, then every B), and the one at which it ends
-        needs = []
-        ends = []
-        i = 0
+        k_fin = 1 << 62
         for r in running:
-            c = r.num_computed_tokens
-            ctx += c + 1
-            ends.append((r.output_tokens - r.num_output_tokens, i))
-            needs.append((len(r.block_ids) * bs - c, i))
-            i += 1
-        heapq.heapify(needs)
-        heapq.heapify(ends)
+            ctx += r.num_computed_tokens + 1
+            left = r.output_tokens - r.num_output_tokens
+            if left < k_fin:
+                k_fin = left
         # iteration i of a stretch starts at now + A*i + Bq*i*(i-1); it takes a + c*(ctx + n*i)
         per_ctx = cost.per_ctx_token_s
         a0 = cost.const_s + cost.per_seq_s * n
@@ -418,9 +413,17 @@ class Engine(QueuesMixin, ObservingMixin):
         iv = self._interval
         dl = self._deadlines
         running_status = Status.RUNNING
-        done = 0  # iterations run by the stretches so far (the token counts lag by as many)
+        # From the second stretch: (iteration at which each request next needs a block, its
+        # position in ``running``), (iteration at which it ends, position), and the iterations
+        # run since (the token counts lag by as many).
+        needs: list[tuple[int, int]] | None = None  # sorted
+        nxt: list[int] = []  # by position: the iteration of its entry in ``needs``
+        ends: list[tuple[int, int]] = []
+        done = 0
+        advanced = False
         while True:
-            k_fin = ends[0][0] - done
+            if needs is not None:
+                k_fin = ends[0][0] - done
             a = a0 + per_ctx * ctx
             d = wake - now
             if bq > 0:
@@ -436,63 +439,98 @@ class Engine(QueuesMixin, ObservingMixin):
                 k_time += 1
             k = k_fin if k_fin < k_time else k_time
 
-            # Blocks: request r needs one at iterations o_r, o_r + B, ...
+            # Blocks: request r needs one at iterations o_r, o_r + B, ... (o_r = held*B -
+            # computed)
             free = pool.num_free
             if free < n * (-(-k // bs)):
-                offsets = sorted(p - done for p, i in needs if running[i].status == running_status)
                 q, j = divmod(free, n)
-                k_block = q * bs + offsets[j]
+                if needs is None:
+                    offsets = sorted(len(r.block_ids) * bs - r.num_computed_tokens
+                                     for r in running)
+                    k_block = q * bs + offsets[j]
+                else:
+                    k_block = q * bs + needs[j][0] - done
                 if k_block < k:
                     k = k_block
             if k <= 0:
                 break
-            # the blocks the requests cross into, in running order
-            top = done + k
-            if needs[0][0] < top:
-                crossed = []
-                while needs and needs[0][0] < top:
-                    p, i = needs[0]
-                    if running[i].status != running_status:  # ended in an earlier stretch
-                        heapq.heappop(needs)
-                        continue
-                    m = (top - 1 - p) // bs + 1
-                    heapq.heapreplace(needs, (p + m * bs, i))
-                    crossed.append((i, m))
-                crossed.sort()
-                # one allocation, cut as the request-by-request ones would be: each takes the
-                # top of the free stack left by those before it
-                got = pool.allocate(sum(m for _, m in crossed))
-                assert got is not None, "the stretch reserved these blocks"
-                hi = len(got)
-                for i, m in crossed:
-                    r = running[i]
-                    r.block_ids.extend(got[hi - m:hi])
-                    hi -= m
-                    if r.is_batch:
-                        self._batch_blocks += m
             end = now + a * k + bq * k * (k - 1)
-            self.now = end
+            finished = False
+            if needs is None:
+                # the first stretch: every request advanced by k, with the blocks it crossed into
+                for r in running:
+                    c = r.num_computed_tokens + k
+                    r.num_computed_tokens = c
+                    r.num_output_tokens += k
+                    extra = -(-c // bs) - len(r.block_ids)
+                    if extra > 0:
+                        more = pool.allocate(extra)
+                        assert more is not None, "the stretch reserved these blocks"
+                        r.block_ids.extend(more)
+                        if r.is_batch:
+                            self._batch_blocks += extra
+                    if r.num_output_tokens == r.output_tokens:
+                        finished = True
+                self.now = end
+                if finished:  # finish after all allocations, as the step-by-step path does
+                    for r in running:
+                        if r.num_output_tokens == r.output_tokens:
+                            ctx -= r.num_computed_tokens + 1
+                            self._finish(r)
+            else:
+                top = done + k
+                if needs[0][0] < top:
+                    cut = bisect.bisect_left(needs, (top, -1))
+                    crossed = []
+                    for p, i in needs[:cut]:
+                        m = (top - 1 - p) // bs + 1
+                        p += m * bs
+                        nxt[i] = p
+                        crossed.append((i, m))
+                    del needs[:cut]
+                    for i, _ in crossed:
+                        bisect.insort(needs, (nxt[i], i))
+                    crossed.sort()
+                    # one allocation, cut as the request-by-request ones would be: each takes
+                    # the top of the free stack left by those before it
+                    got = pool.allocate(sum(m for _, m in crossed))
+                    assert got is not None, "the stretch reserved these blocks"
+                    hi = len(got)
+                    for i, m in crossed:
+                        r = running[i]
+                        r.block_ids.extend(got[hi - m:hi])
+                        hi -= m
+                        if r.is_batch:
+                            self._batch_blocks += m
+                done = top
+                self.now = end
+                if k == k_fin:  # completions, in running order, after the allocations
+                    finishing = []
+                    while ends and ends[0][0] == top:
+                        finishing.append(heapq.heappop(ends)[1])
+                    finishing.sort()
+                    for i in finishing:
+                        r = running[i]
+                        r.num_computed_tokens += top
+                        r.num_output_tokens = r.output_tokens
+                        ctx -= r.num_computed_tokens + 1
+                        self._finish(r)
+                        del needs[bisect.bisect_left(needs, (nxt[i], i))]
+                    finished = True
+            advanced = True
             self.num_iterations += k
             self.num_fast_stretches += 1
             iv.iterations += k
             iv.busy_s += end - now
             iv.decode_tokens += n * k
-            done = top
             ctx += n * k
-            if k == k_fin:
-                # completions, in running order, after all the stretch's allocations
-                finishing = []
-                while ends and ends[0][0] == top:
-                    finishing.append(heapq.heappop(ends)[1])
-                finishing.sort()
-                for i in finishing:
-                    r = running[i]
-                    r.num_computed_tokens += top
-                    r.num_output_tokens = r.output_tokens
-                    ctx -= r.num_computed_tokens + 1
-                    self._finish(r)
-                n -= len(finishing)
-                self.running = [r for r in running if r.status == running_status]
+            if finished:
+                if needs is None:
+                    running = self.running = [r for r in running if r.status == running_status]
+                    n = len(running)
+                else:
+                    self.running = [r for r in running if r.status == running_status]
+                    n = len(self.running)
                 if not n:
                     break
                 a0 = cost.const_s + cost.per_seq_s * n
@@ -512,8 +550,15 @@ class Engine(QueuesMixin, ObservingMixin):
             wake = self._decode_wake(until)
             if wake <= now:
                 break
-        if not done:
+            if needs is None:
+                nxt = [len(r.block_ids) * bs - r.num_computed_tokens for r in running]
+                needs = sorted(zip(nxt, range(n)))
+                ends = [(r.output_tokens - r.num_output_tokens, i) for i, r in enumerate(running)]
+                heapq.heapify(ends)
+        if not advanced:
             return False
+        if needs is None:
+            return True
         for r in running:
             if r.status == running_status:
                 r.num_computed_tokens += done
