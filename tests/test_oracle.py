@@ -481,3 +481,19 @@ def test_the_causal_search_is_its_own_controller_and_needs_forecast_arrivals():
     assert short_name(CAUSAL_NAME) == "oracle's search, arrivals and lengths forecast"
     with pytest.raises(ValueError, match="output_lengths 'forecast' needs arrivals 'repeat'"):
         OracleConfig(output_lengths="forecast")
+
+
+@pytest.mark.parametrize("rate", [2.0, 40.0])
+def test_a_search_runs_a_tail_once_per_state_and_scores_every_candidate_exactly(rate):
+    """Candidates whose period leaves the engine in the same state share one tail; every score
+    is still the one :func:`score_setting` gives that candidate on its own."""
+    e = make_engine(hand_profile(prefill_token_s=1e-4, decode_ctx_token_s=1e-6), chunk=512)
+    arrivals, prompts, outputs = random_workload(5, 200, rate, prompt_mean=200)
+    e.add_requests(arrivals, prompts, outputs)
+    e.run_until(1.0)
+    candidates = parse_candidates("window=5;chunk=64,128,1024,2048,4096;ratio=0.5")
+    tail = candidates[2]
+    found = search(e, candidates, 4.0, hold_s=0.25, tail=tail)
+    alone = tuple(score_setting(e, c, 4.0, hold_s=0.25, tail=tail) for c in candidates)
+    assert found.scores == alone
+    assert 1 <= found.rollouts < len(candidates)  # the large chunks reach the same state
