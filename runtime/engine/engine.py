@@ -210,35 +210,6 @@ class Engine(QueuesMixin, ObservingMixin):
         bs = self.block_size
         ctx = pf_tokens = pairs = 0
         batch_budget = int(self.batch_share * budget)
-        if pool.num_free >= len(running):
-            # every decode gets its block if it needs one: nothing is preempted, one plain pass
-            for r in running:
-                computed = r.num_computed_tokens
-                out = r.num_output_tokens
-                todo = r.prompt_tokens + out - computed
-                if out and todo == 1:
-                    if computed >= len(r.block_ids) * bs:
-                        r.block_ids.append(pool.allocate_one())  # type: ignore[arg-type]
-                        if r.is_batch:
-                            self._batch_blocks += 1
-                    decodes.append(r)
-                    ctx += computed + 1
-                elif budget > 0:
-                    n = todo if todo < budget else budget
-                    if r.is_batch:
-                        if n > batch_budget:
-                            n = batch_budget
-                            if n <= 0:
-                                continue
-                        batch_budget -= n
-                    budget -= n
-                    prefills.append((r, n))
-                    pf_tokens += n
-                    pairs += n * computed + n * (n + 1) // 2
-            batch.decode_ctx_tokens = ctx
-            batch.prefill_tokens = pf_tokens
-            batch.prefill_attn_pairs = pairs
-            return batch
         i = 0
         while i < len(running):
             r = running[i]
