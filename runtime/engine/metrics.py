@@ -110,6 +110,13 @@ class IntervalStats:
     _tpot_p99: float | None = field(default=None, init=False, repr=False, compare=False)
     """:attr:`tpot_p99_ratio`, once the interval is closed"""
 
+    def copy(self) -> IntervalStats:
+        """An independent copy (its own ratio lists), for a forked engine: written out from the
+        slots (:func:`runtime.engine.request.slot_copier`), so a field added later is copied
+        too."""
+        copied: IntervalStats = _copy_interval(self)
+        return copied
+
     def close_percentiles(self) -> None:
         """Take the p99s of the closed interval once (the engine calls this when it closes the
         interval: its lists take no more entries); the observation and the environment's info
@@ -210,10 +217,7 @@ class RunSummary:
         return dict(self.__dict__)
 
 
-IntervalStats.copy = slot_copier(IntervalStats.__slots__,  # type: ignore[attr-defined]
-                                 own=("ttft_ratios", "tpot_ratios"))
-"""An independent copy (its own ratio lists), for a forked engine: written out from the slots,
-so a field added later is copied too."""
+_copy_interval = slot_copier(IntervalStats.__slots__, own=("ttft_ratios", "tpot_ratios"))
 
 
 _SUMMARY_QS = (50.0, 90.0, 99.0)
