@@ -548,8 +548,9 @@ class Engine(QueuesMixin, ObservingMixin):
                 self._take_arrivals()
             if dl and dl[0][0] <= self.now:
                 self._count_certain_violations()
-            self._admit()
-            if self._fast_decode(t):
+            if self.waiting or self.late or self.waiting_batch:
+                self._admit()
+            if not self._num_prefilling and self.running and self._fast_decode(t):
                 continue
             if self._step():
                 continue

@@ -10,10 +10,19 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
+import numpy as np
+
 from runtime.engine.config import MAX_ARRIVAL_S
 from runtime.engine.outcomes import OutcomesMixin
 from runtime.engine.request import RejectReason, Request, Status
 from runtime.engine.state import FINISH, FIRST_TOKEN, LATE
+
+
+def _as_list(values: Sequence, kinds: str) -> Sequence:
+    """A numpy array of one of the dtype ``kinds`` as a list of Python numbers, else
+    ``values``."""
+    return values.tolist() if isinstance(values, np.ndarray) and values.dtype.kind in kinds \
+        else values
 
 
 class QueuesMixin(OutcomesMixin):
@@ -32,6 +41,11 @@ class QueuesMixin(OutcomesMixin):
         default = self.config.default_slo_class
         last = self._pending[-1].arrival_s if len(self._pending) > self._next_pending else self.now
         base_id = self._num_added
+        # numpy arrays as Python lists at once (float() and int() of each element as below would
+        # give the same values, one numpy scalar at a time)
+        arrival_s = _as_list(arrival_s, "fiu")
+        prompt_tokens = _as_list(prompt_tokens, "iu")
+        output_tokens = _as_list(output_tokens, "iu")
         new = []
         for i in range(n):
             t = float(arrival_s[i])
