@@ -294,6 +294,31 @@ class OracleConfig:
         parse_candidates(self.candidates)
 
 
+def _rollout_to_hold(engine: Engine, setting: Setting, horizon_s: float, hold_s: float | None,
+                     tail: Setting | None, arrivals: Sequence[Request] | None,
+                     output_tokens: Callable[[Request], int] | None) -> Engine:
+    """A fork of ``engine`` with ``setting`` applied and, in a rollout (``hold_s`` shorter than
+    the horizon, a ``tail``), run for ``hold_s`` and handed to ``tail``: what is left to run to
+    the horizon is the same for every candidate from there."""
+    fork = engine.fork(horizon_s, arrivals, output_tokens)
+    fork.collect_interval(state=False)  # count from now: the fork inherits the open interval's
+    setting.apply(fork)
+    if tail is not None and hold_s is not None and hold_s < horizon_s:
+        fork.run_until(engine.now + hold_s)
+        tail.apply(fork)
+    return fork
+
+
+def _horizon_score(fork: Engine, end_s: float, violation_weight: float,
+                   batch_token_value: float, memory_price: float) -> float:
+    """Run ``fork`` to ``end_s`` and score its interval (see :func:`score_setting`)."""
+    fork.run_until(end_s)
+    iv = fork.collect_interval(state=False)
+    return (iv.met - iv.batch_met - violation_weight * (iv.violations - iv.batch_violations)
+            + batch_token_value * iv.batch_goodput_tokens
+            - memory_price * iv.kv_gib_s / max(iv.duration_s, 1e-9))
+
+
 def score_setting(engine: Engine, setting: Setting, horizon_s: float,
                   violation_weight: float = 1.0, *, hold_s: float | None = None,
                   tail: Setting | None = None, batch_token_value: float = 0.0,
@@ -304,18 +329,9 @@ def score_setting(engine: Engine, setting: Setting, horizon_s: float,
     ``hold_s`` only and ``tail`` runs the rest of the horizon. With ``arrivals`` the fork sees
     those arrive instead of the trace's future, and with ``output_tokens`` its requests run as
     long as that forecasts (:meth:`Engine.fork`). ``engine`` is left as it was."""
-    fork = engine.fork(horizon_s, arrivals, output_tokens)
-    fork.collect_interval()  # count from now: the fork inherits the open interval's counters
-    setting.apply(fork)
-    end = engine.now + horizon_s
-    if tail is not None and hold_s is not None and hold_s < horizon_s:
-        fork.run_until(engine.now + hold_s)
-        tail.apply(fork)
-    fork.run_until(end)
-    iv = fork.collect_interval()
-    return (iv.met - iv.batch_met - violation_weight * (iv.violations - iv.batch_violations)
-            + batch_token_value * iv.batch_goodput_tokens
-            - memory_price * iv.kv_gib_s / max(iv.duration_s, 1e-9))
+    fork = _rollout_to_hold(engine, setting, horizon_s, hold_s, tail, arrivals, output_tokens)
+    return _horizon_score(fork, engine.now + horizon_s, violation_weight, batch_token_value,
+                          memory_price)
 
 
 @dataclass(frozen=True)
@@ -326,6 +342,9 @@ class Search:
     """the setting kept"""
     scores: tuple[float, ...]
     """each candidate's score, in candidate order"""
+    rollouts: int = 0
+    """how many candidates' tails were run (the others reached a state already run, and took
+    its score)"""
 
 
 def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
@@ -335,12 +354,23 @@ def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
            arrivals: Sequence[Request] | None = None,
            output_tokens: Callable[[Request], int] | None = None) -> Search:
     """Score every candidate on its own fork of ``engine`` (see :func:`score_setting`); keep
-    the best (ties: ``current`` if it is among the best, else the earliest)."""
-    scores = tuple(score_setting(engine, s, horizon_s, violation_weight, hold_s=hold_s,
-                                 tail=tail, batch_token_value=batch_token_value,
-                                 memory_price=memory_price, arrivals=arrivals,
-                                 output_tokens=output_tokens)
-                   for s in candidates)
+    the best (ties: ``current`` if it is among the best, else the earliest).
+
+    In a rollout every candidate hands over to ``tail`` after ``hold_s``; candidates that left
+    the engine in the same state there (:meth:`Engine.state_key`: a chunk size no prefill of the
+    hold reached, a ratio whose pool nothing filled) have the same tail and the same score, to
+    the bit, so a tail is run once per state reached, not once per candidate."""
+    end = engine.now + horizon_s
+    scored: dict[tuple, float] = {}
+    scores = []
+    for s in candidates:
+        fork = _rollout_to_hold(engine, s, horizon_s, hold_s, tail, arrivals, output_tokens)
+        key = fork.state_key(memory=memory_price != 0)
+        score = scored.get(key)
+        if score is None:
+            score = scored[key] = _horizon_score(fork, end, violation_weight, batch_token_value,
+                                                 memory_price)
+        scores.append(score)
     top = max(scores)
     best = next(s for s, v in zip(candidates, scores) if v == top)
     if current is not None:
@@ -348,7 +378,7 @@ def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
             if v == top and s == current:
                 best = current
                 break
-    return Search(best, scores)
+    return Search(best, tuple(scores), len(scored))
 
 
 def search_name(config: OracleConfig) -> str:

@@ -294,3 +294,66 @@ def test_the_engine_state_declares_exactly_the_attributes_an_engine_holds():
     assert set(vars(e)) == declared
     assert set(vars(e.fork())) == declared
 
+
+
+def _one_stretch_per_call(e: Engine) -> Engine:
+    """``e`` with the closed-form path cut after every stretch: admission looks due at every
+    stretch's end, so each call runs one stretch and :meth:`Engine.run_until` the next (the
+    engine as it ran before stretches were chained)."""
+    e._admission_idle = lambda: False  # type: ignore[method-assign]
+    return e
+
+
+def _trajectory(e: Engine, until: float, interval_s: float) -> list:
+    """Every interval's stats (fragmentation included: block ids matter) and every request's
+    outcome, exactly."""
+    rows = []
+    while e.has_work() and e.now < until:
+        e.run_until(e.now + interval_s)
+        e.check_invariants()
+        iv = e.collect_interval()
+        rows.append(tuple(getattr(iv, f) for f in iv.__dataclass_fields__))
+    rows.append([(r.req_id, r.status, r.first_token_s, r.finish_s, r.num_preemptions,
+                  r.reject_reason, r.num_output_tokens) for r in e.requests])
+    return rows
+
+
+@pytest.mark.parametrize("admission,blocks,rate", [("fcfs", 400, 8), ("fcfs", 60, 20),
+                                                   ("shed", 80, 30), ("late_to_back", 60, 25)])
+def test_chained_closed_form_stretches_are_the_stretch_by_stretch_run_to_the_bit(admission,
+                                                                                 blocks, rate):
+    """Stretches run back to back in one call (past arrivals, deadlines, completions and waits
+    for admission) must give the run of one stretch a call: the same times, counters, block ids
+    (fragmentation) and outcomes, compared with ==."""
+    profile = hand_profile(blocks_at_half=blocks, prefill_token_s=1e-5, decode_ctx_token_s=1e-6,
+                           decode_seq_s=2e-5)
+    arrivals, prompts, outputs = random_workload(11, 300, rate)
+    classes = np.where(np.arange(300) % 4 == 0, "batch", "interactive")
+    runs = []
+    for chain in (True, False):
+        e = make_engine(profile, chunk=256, admission=admission, admission_slack=0.5)
+        e.add_requests(arrivals, prompts, outputs, classes)
+        if not chain:
+            _one_stretch_per_call(e)
+        runs.append(_trajectory(e, 1e9, 0.37))
+        if chain:
+            assert e.num_fast_stretches > e.num_iterations / 200  # the path was taken
+    assert runs[0] == runs[1]
+
+
+def test_a_fork_copies_state_it_does_not_know_and_shares_what_never_changes():
+    e = make_engine()
+    arrivals, prompts, outputs = random_workload(3, 50, 10)
+    e.add_requests(arrivals, prompts, outputs)
+    e.run_until(2.0)
+    e.extra_state = {"seen": [1]}  # a field added to the engine later
+    f = e.fork(5.0)
+    f.extra_state["seen"].append(2)
+    f._interval.ttft_ratios.append(9.0)
+    assert e.extra_state == {"seen": [1]} and 9.0 not in e._interval.ttft_ratios
+    assert f.config is e.config and f.knobs is e.knobs and f.memory is e.memory
+    assert {id(r) for r in f.running}.isdisjoint(id(r) for r in e.running)
+    assert [r.req_id for r in f.running] == [r.req_id for r in e.running]
+    assert f.state_key() == e.state_key()
+    f.run_until(4.0)
+    assert f.state_key() != e.state_key()

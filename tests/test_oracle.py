@@ -29,7 +29,7 @@ from agents.report import short_name
 from env.traces.trace import Trace
 from runtime.decider.controller import StaticController
 from runtime.engine.engine import Engine
-from runtime.engine.request import RejectReason, Request, Status, _slot_copier
+from runtime.engine.request import RejectReason, Request, Status, slot_copier
 from runtime.engine.state import FINISH
 from runtime.knobs import KNOB_NAMES, NUM_KNOBS, Knobs, knobs_to_action
 from runtime.observation import OBS_DIM
@@ -206,10 +206,10 @@ def test_a_cloned_request_carries_every_slot_whatever_its_value():
     assert c.block_ids == [3, 1, 4] and c.block_ids is not r.block_ids
 
 
-def test_the_slot_copier_copies_each_slot_it_is_given_and_refuses_an_unknown_list():
+def test_theslot_copier_copies_each_slot_it_is_given_and_refuses_an_unknown_list():
     class Two:
         __slots__ = ("a", "ids", "b")
-        clone = _slot_copier(__slots__, own=("ids",))
+        clone = slot_copier(__slots__, own=("ids",))
 
     x = Two()
     x.a, x.ids, x.b = "a", [1], ("b",)
@@ -218,7 +218,7 @@ def test_the_slot_copier_copies_each_slot_it_is_given_and_refuses_an_unknown_lis
     assert y.a is x.a and y.b is x.b and y.ids is not x.ids
     with pytest.raises(ValueError, match=r"own names \['blocks'\], which are not slots of "
                                          r"\('a', 'ids'\)"):
-        _slot_copier(("a", "ids"), own=("blocks",))
+        slot_copier(("a", "ids"), own=("blocks",))
 
 
 def test_the_labeller_writes_an_observation_and_the_oracle_setting_for_every_interval(tmp_path):
@@ -481,3 +481,19 @@ def test_the_causal_search_is_its_own_controller_and_needs_forecast_arrivals():
     assert short_name(CAUSAL_NAME) == "oracle's search, arrivals and lengths forecast"
     with pytest.raises(ValueError, match="output_lengths 'forecast' needs arrivals 'repeat'"):
         OracleConfig(output_lengths="forecast")
+
+
+@pytest.mark.parametrize("rate", [2.0, 40.0])
+def test_a_search_runs_a_tail_once_per_state_and_scores_every_candidate_exactly(rate):
+    """Candidates whose period leaves the engine in the same state share one tail; every score
+    is still the one :func:`score_setting` gives that candidate on its own."""
+    e = make_engine(hand_profile(prefill_token_s=1e-4, decode_ctx_token_s=1e-6), chunk=512)
+    arrivals, prompts, outputs = random_workload(5, 200, rate, prompt_mean=200)
+    e.add_requests(arrivals, prompts, outputs)
+    e.run_until(1.0)
+    candidates = parse_candidates("window=5;chunk=64,128,1024,2048,4096;ratio=0.5")
+    tail = candidates[2]
+    found = search(e, candidates, 4.0, hold_s=0.25, tail=tail)
+    alone = tuple(score_setting(e, c, 4.0, hold_s=0.25, tail=tail) for c in candidates)
+    assert found.scores == alone
+    assert 1 <= found.rollouts < len(candidates)  # the large chunks reach the same state

@@ -68,6 +68,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.block_pool import BlockPool
 from runtime.engine.config import MAX_ARRIVAL_S, EngineConfig, check_batch_share
 from runtime.engine.executor import Batch, Executor
@@ -81,6 +82,8 @@ from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, Knobs
 __all__ = ["MAX_ARRIVAL_S", "Engine", "EngineConfig"]
 
 _request_id = operator.attrgetter("req_id")
+_IMMUTABLE = frozenset((int, float, bool, str, type(None), AdmissionPolicy))
+"""types of engine state a fork shares rather than copies"""
 _arrival = operator.attrgetter("arrival_s")
 
 
@@ -127,6 +130,7 @@ class Engine(QueuesMixin, ObservingMixin):
         # newest batch request is last, so it is the first preempted
         self.running: list[Request] = []
         self._num_running_batch = 0
+        self._batch_blocks = 0  # KV blocks the running batch requests hold
         self._num_prefilling = 0  # running requests that still have prompt (or recompute) work
         self._set_policy(self.config.admission, knobs.admission_slack)
         self.batch_share = knobs.batch_share
@@ -225,6 +229,8 @@ class Engine(QueuesMixin, ObservingMixin):
                     if block is None:
                         continue  # r itself was preempted (it was the newest)
                     r.block_ids.append(block)
+                    if r.is_batch:
+                        self._batch_blocks += 1
                 decodes.append(r)
                 ctx += computed + 1
             elif budget > 0:
@@ -312,9 +318,45 @@ class Engine(QueuesMixin, ObservingMixin):
         return True
 
     # ------------------------------------------------------------------ closed-form decode
+    def _decode_wake(self, until: float) -> float:
+        """When a decode-only stretch starting now must stop: ``until``, the next arrival, the
+        admission deadline of the waiting head (if ahead) or, when deadlines change the queues,
+        the next one."""
+        wake = until
+        pending = self._pending
+        if self._next_pending < len(pending):
+            arrival = pending[self._next_pending].arrival_s
+            if arrival < wake:
+                wake = arrival
+        if self.waiting:
+            # A deadline already past means _admit() ran and the head did not fit: only a
+            # completion or a preemption (both end the stretch) can change that.
+            deadline = self.waiting[0].arrival_s + self.knobs.batch_window_ms * 1e-3
+            if self.now < deadline < wake:
+                wake = deadline
+        if (not self._fcfs or self.waiting_batch) and self._deadlines:
+            # a late request or an expiring batch one changes the queues at its deadline, as
+            # the step-by-step path would see it
+            head = self._deadlines[0][0]
+            if head < wake:
+                wake = head
+        return wake
+
     def _fast_decode(self, until: float) -> bool:
-        """Advance a decode-only stretch in closed form up to the next event. Returns False (and
-        changes nothing) when the state does not allow it."""
+        """Advance decode-only stretches in closed form, each up to the next event. Returns False
+        (and changes nothing) when the state does not allow one.
+
+        A stretch ends where the step-by-step loop has something to do. Where that is only a
+        completion, an arrival, a deadline or a wait for admission (nothing admitted, no block
+        short), the requests and queues are updated there as :meth:`run_until` would and the next
+        stretch starts at once from the same closed form: the run is the one :meth:`run_until`
+        makes calling this once a stretch, to the bit, without two passes over the running
+        requests per stretch. The first stretch advances the requests one by one; from the
+        second on, every stretch advances their token counts by the same number of tokens, so
+        they are brought up to date once, at the end (a completing request at its completion),
+        while their blocks are taken stretch by stretch, in the order the one-stretch path takes
+        them (so every block id is the same), from a sorted list of the iteration at which each
+        request next needs one."""
         cost = self._decode_cost
         running = self.running
         if cost is None or self._num_prefilling or not running:
@@ -323,17 +365,7 @@ class Engine(QueuesMixin, ObservingMixin):
         if n > self._max_batch_tokens:
             return False
         now = self.now
-        wake = min(until, self._next_arrival_s())
-        if self.waiting:
-            # A deadline already past means _admit() ran and the head did not fit: only a
-            # completion or a preemption (both end the stretch) can change that.
-            deadline = self._admission_deadline()
-            if deadline > now:
-                wake = min(wake, deadline)
-        if (not self._fcfs or self.waiting_batch) and self._deadlines:
-            # a late request or an expiring batch one changes the queues at its deadline, as
-            # the step-by-step path would see it
-            wake = min(wake, self._deadlines[0][0])
+        wake = self._decode_wake(until)
         if wake <= now:
             return False
         bs = self.block_size
@@ -344,64 +376,164 @@ class Engine(QueuesMixin, ObservingMixin):
             left = r.output_tokens - r.num_output_tokens
             if left < k_fin:
                 k_fin = left
-        # iteration i starts at now + A*i + Bq*i*(i-1); it takes a + c*(ctx + n*i)
-        a = cost.const_s + cost.per_seq_s * n + cost.per_ctx_token_s * ctx
-        bq = cost.per_ctx_token_s * n * 0.5
-
-        def start(i: int) -> float:
-            return now + a * i + bq * i * (i - 1)
-
-        d = wake - now
-        if bq > 0:
-            lin = a - bq
-            k_time = math.ceil((-lin + math.sqrt(lin * lin + 4.0 * bq * d)) / (2.0 * bq))
-        else:
-            k_time = math.ceil(d / a) if a > 0 else k_fin
-        k_time = max(1, k_time)
-        while k_time > 1 and start(k_time - 1) >= wake:
-            k_time -= 1
-        while start(k_time) < wake:
-            k_time += 1
-        k = min(k_fin, k_time)
-
-        # Blocks: request r needs one at iterations o_r, o_r + B, ... where o_r = held*B - computed.
-        free = self.pool.num_free
-        if free < n * (-(-k // bs)):
-            offsets = sorted(len(r.block_ids) * bs - r.num_computed_tokens for r in running)
-            q, j = divmod(free, n)
-            k_block = q * bs + offsets[j]
-            if k_block < k:
-                k = k_block
-        if k <= 0:
-            return False
-
-        # advance every request by k tokens, allocating the blocks they crossed into
+        # iteration i of a stretch starts at now + A*i + Bq*i*(i-1); it takes a + c*(ctx + n*i)
+        per_ctx = cost.per_ctx_token_s
+        a0 = cost.const_s + cost.per_seq_s * n
+        bq = per_ctx * n * 0.5
         pool = self.pool
-        end = start(k)
-        self.now = end
-        any_done = False
-        for r in running:
-            c = r.num_computed_tokens + k
-            r.num_computed_tokens = c
-            r.num_output_tokens += k
-            extra = -(-c // bs) - len(r.block_ids)
-            if extra > 0:
-                more = pool.allocate(extra)
-                assert more is not None, "the step reserved these blocks"
-                r.block_ids.extend(more)
-            if r.num_output_tokens == r.output_tokens:
-                any_done = True
-        if any_done:  # finish after all allocations, as the step-by-step path does
-            for r in running:
-                if r.num_output_tokens == r.output_tokens:
-                    self._finish(r)
-            self.running = [r for r in running if r.status == Status.RUNNING]
-        self.num_iterations += k
-        self.num_fast_stretches += 1
         iv = self._interval
-        iv.iterations += k
-        iv.busy_s += end - now
-        iv.decode_tokens += n * k
+        dl = self._deadlines
+        running_status = Status.RUNNING
+        # From the second stretch: (iteration at which each request next needs a block, its
+        # position in ``running``), (iteration at which it ends, position), and the iterations
+        # run since (the token counts lag by as many).
+        needs: list[tuple[int, int]] | None = None  # sorted
+        nxt: list[int] = []  # by position: the iteration of its entry in ``needs``
+        ends: list[tuple[int, int]] = []
+        done = 0
+        advanced = False
+        while True:
+            if needs is not None:
+                k_fin = ends[0][0] - done
+            a = a0 + per_ctx * ctx
+            d = wake - now
+            if bq > 0:
+                lin = a - bq
+                k_time = math.ceil((-lin + math.sqrt(lin * lin + 4.0 * bq * d)) / (2.0 * bq))
+            else:
+                k_time = math.ceil(d / a) if a > 0 else k_fin
+            if k_time < 1:
+                k_time = 1
+            while k_time > 1 and now + a * (k_time - 1) + bq * (k_time - 1) * (k_time - 2) >= wake:
+                k_time -= 1
+            while now + a * k_time + bq * k_time * (k_time - 1) < wake:
+                k_time += 1
+            k = k_fin if k_fin < k_time else k_time
+
+            # Blocks: request r needs one at iterations o_r, o_r + B, ... (o_r = held*B -
+            # computed)
+            free = pool.num_free
+            if free < n * (-(-k // bs)):
+                q, j = divmod(free, n)
+                if needs is None:
+                    offsets = sorted(len(r.block_ids) * bs - r.num_computed_tokens
+                                     for r in running)
+                    k_block = q * bs + offsets[j]
+                else:
+                    k_block = q * bs + needs[j][0] - done
+                if k_block < k:
+                    k = k_block
+            if k <= 0:
+                break
+            end = now + a * k + bq * k * (k - 1)
+            finished = False
+            if needs is None:
+                # the first stretch: every request advanced by k, with the blocks it crossed into
+                for r in running:
+                    c = r.num_computed_tokens + k
+                    r.num_computed_tokens = c
+                    r.num_output_tokens += k
+                    extra = -(-c // bs) - len(r.block_ids)
+                    if extra > 0:
+                        more = pool.allocate(extra)
+                        assert more is not None, "the stretch reserved these blocks"
+                        r.block_ids.extend(more)
+                        if r.is_batch:
+                            self._batch_blocks += extra
+                    if r.num_output_tokens == r.output_tokens:
+                        finished = True
+                self.now = end
+                if finished:  # finish after all allocations, as the step-by-step path does
+                    for r in running:
+                        if r.num_output_tokens == r.output_tokens:
+                            ctx -= r.num_computed_tokens + 1
+                            self._finish(r)
+            else:
+                top = done + k
+                if needs[0][0] < top:
+                    cut = bisect.bisect_left(needs, (top, -1))
+                    crossed = []
+                    for p, i in needs[:cut]:
+                        m = (top - 1 - p) // bs + 1
+                        p += m * bs
+                        nxt[i] = p
+                        crossed.append((i, m))
+                    del needs[:cut]
+                    for i, _ in crossed:
+                        bisect.insort(needs, (nxt[i], i))
+                    crossed.sort()
+                    # one allocation, cut as the request-by-request ones would be: each takes
+                    # the top of the free stack left by those before it
+                    got = pool.allocate(sum(m for _, m in crossed))
+                    assert got is not None, "the stretch reserved these blocks"
+                    hi = len(got)
+                    for i, m in crossed:
+                        r = running[i]
+                        r.block_ids.extend(got[hi - m:hi])
+                        hi -= m
+                        if r.is_batch:
+                            self._batch_blocks += m
+                done = top
+                self.now = end
+                if k == k_fin:  # completions, in running order, after the allocations
+                    finishing = []
+                    while ends and ends[0][0] == top:
+                        finishing.append(heapq.heappop(ends)[1])
+                    finishing.sort()
+                    for i in finishing:
+                        r = running[i]
+                        r.num_computed_tokens += top
+                        r.num_output_tokens = r.output_tokens
+                        ctx -= r.num_computed_tokens + 1
+                        self._finish(r)
+                        del needs[bisect.bisect_left(needs, (nxt[i], i))]
+                    finished = True
+            advanced = True
+            self.num_iterations += k
+            self.num_fast_stretches += 1
+            iv.iterations += k
+            iv.busy_s += end - now
+            iv.decode_tokens += n * k
+            ctx += n * k
+            if finished:
+                if needs is None:
+                    running = self.running = [r for r in running if r.status == running_status]
+                    n = len(running)
+                else:
+                    self.running = [r for r in running if r.status == running_status]
+                    n = len(self.running)
+                if not n:
+                    break
+                a0 = cost.const_s + cost.per_seq_s * n
+                bq = per_ctx * n * 0.5
+            if end >= until:
+                break
+            # what run_until does before its next stretch; a stretch follows when that admits
+            # nothing
+            if self._next_pending < len(self._pending) and \
+                    self._pending[self._next_pending].arrival_s <= end:
+                self._take_arrivals()
+            if dl and dl[0][0] <= end:
+                self._count_certain_violations()
+            if not self._admission_idle():
+                break
+            now = end
+            wake = self._decode_wake(until)
+            if wake <= now:
+                break
+            if needs is None:
+                nxt = [len(r.block_ids) * bs - r.num_computed_tokens for r in running]
+                needs = sorted(zip(nxt, range(n)))
+                ends = [(r.output_tokens - r.num_output_tokens, i) for i, r in enumerate(running)]
+                heapq.heapify(ends)
+        if not advanced:
+            return False
+        if needs is None:
+            return True
+        for r in running:
+            if r.status == running_status:
+                r.num_computed_tokens += done
+                r.num_output_tokens += done
         return True
 
     # ------------------------------------------------------------------ driving
@@ -410,11 +542,15 @@ class Engine(QueuesMixin, ObservingMixin):
         interrupted); when idle, time jumps to the next arrival or admission deadline."""
         dl = self._deadlines
         while self.now < t:
-            self._take_arrivals()
+            pending = self._pending
+            if self._next_pending < len(pending) and \
+                    pending[self._next_pending].arrival_s <= self.now:
+                self._take_arrivals()
             if dl and dl[0][0] <= self.now:
                 self._count_certain_violations()
-            self._admit()
-            if self._fast_decode(t):
+            if self.waiting or self.late or self.waiting_batch:
+                self._admit()
+            if not self._num_prefilling and self.running and self._fast_decode(t):
                 continue
             if self._step():
                 continue
@@ -460,6 +596,40 @@ class Engine(QueuesMixin, ObservingMixin):
                         r.deadline_s - r.arrival_s if r.is_batch else None)
                 for i, r in enumerate(self.arrived_within(span_s))]
 
+    def state_key(self, memory: bool = True) -> tuple:
+        """What decides how this engine runs on from now, and what its open interval's score
+        counters read: two engines with equal keys, holding copies of the same requests (forks
+        of one engine, say), run on to the bit alike and close their intervals with the same
+        ``met``, ``violations``, batch goodput and KV GiB-seconds. The lookahead oracle scores a
+        candidate once per key (:func:`agents.oracle.search`). Left out: what has ended (finished
+        requests, the run summary's inputs), counters that nothing reads back (iterations,
+        preemptions, busy time, first-token ratios) and caches; with ``memory`` False, the memory
+        integrals too (for a score that does not price memory). Requests are identified by id:
+        the key means something only between engines with the same requests."""
+        cfg = self.config
+        iv = self._interval
+
+        def state(r: Request) -> tuple:
+            return (r.req_id, r.status, r.num_computed_tokens, r.num_output_tokens,
+                    r.output_tokens, tuple(r.block_ids), r.first_token_s, r.admitted_s,
+                    r.violation_counted, r.is_late, r.num_preemptions)
+
+        return (
+            self.now, self.knobs, self.batch_share, self._max_batch_tokens, self._chunk_cap,
+            self._policy, self._slack, cfg.max_num_seqs, cfg.watermark, self.max_model_len,
+            id(cfg.slo_classes), id(cfg.cotenant), self._mem_t if memory else None,
+            self.pool.num_blocks, tuple(self.pool.free_ids()),
+            getattr(self.executor, "_num_blocks", None),
+            len(self._pending) - self._next_pending,
+            tuple(map(state, self.running)), tuple(map(state, self.waiting)),
+            tuple(map(state, self.late)), tuple(map(state, self.waiting_batch)),
+            self._waiting_tokens, self._batch_waiting_tokens, self._num_running_batch,
+            self._num_prefilling, self._batch_blocks,
+            tuple(sorted((t, i, kind) for t, i, kind, _ in self._deadlines)),
+            iv.start_s, iv.met, iv.batch_met, iv.violations, iv.batch_violations,
+            iv.batch_goodput_tokens, iv.kv_gib_s if memory else None,
+        )
+
     def fork(self, horizon_s: float = math.inf, arrivals: Sequence[Request] | None = None,
              output_tokens: Callable[[Request], int] | None = None) -> Engine:
         """An independent copy of the engine now, to try settings ahead (a lookahead oracle).
@@ -499,23 +669,43 @@ class Engine(QueuesMixin, ObservingMixin):
             pending.extend(r.clone() for r in arrivals if r.arrival_s <= end)
         memo: dict[int, object] = {id(x): x for x in (self.config, self.memory, self.knobs,
                                                       self._decode_cost, self._cotenant)}
-        memo[id(self.executor)] = fork_executor()
-        memo[id(self.pool)] = self.pool.copy()
-        memo[id(self._pending)] = pending
-        copies: list[Request] = []
-        memo[id(self.requests)] = copies
-        # Requests in flight, in whatever queue holds them, are cloned once each as the deep copy
-        # meets them (Request.__deepcopy__). The deadline heap is rebuilt from those clones rather
-        # than deep-copied tuple by tuple (with a batch drop waiting, most of a fork's time went
-        # there); entries of finished requests are dropped.
-        state = dict(self.__dict__)
-        state["_deadlines"] = []
+        # Requests in flight, in whatever queue holds them, are cloned once each; the containers
+        # the engine is known to hold are rebuilt around the clones, the rest of its state is
+        # taken as it is when immutable and deep-copied otherwise (with the clones in the memo),
+        # so that a field added to the engine is copied too. The deadline heap is rebuilt from
+        # the clones (entries of finished requests dropped), not deep-copied tuple by tuple.
+        clones: dict[int, Request] = {}
+
+        def cloned(r: Request) -> Request:
+            c = clones.get(id(r))
+            if c is None:
+                c = clones[id(r)] = r.clone()
+            return c
+
+        rebuilt: dict[str, object] = {
+            "executor": fork_executor(), "pool": self.pool.copy(), "_pending": pending,
+            "requests": [], "_deadlines": [],
+            "running": [cloned(r) for r in self.running],
+            "waiting": deque(map(cloned, self.waiting)), "late": deque(map(cloned, self.late)),
+            "waiting_batch": deque(map(cloned, self.waiting_batch)),
+            "_interval": self._interval.copy(), "_ended": self._ended.copy(),
+        }
+        memo.update(clones)
+        state = {}
+        for name, value in self.__dict__.items():
+            if name in rebuilt:
+                state[name] = rebuilt[name]
+            elif type(value) in _IMMUTABLE or id(value) in memo:
+                state[name] = memo.get(id(value), value)
+            else:
+                state[name] = copy.deepcopy(value, memo)
+                clones.update((k, v) for k, v in memo.items() if type(v) is Request)
         clone = Engine.__new__(Engine)
-        clone.__dict__ = copy.deepcopy(state, memo)
-        seen = cast(dict[int, Request], memo)
-        clone._deadlines = [(t, i, kind, seen[id(r)] if id(r) in seen else r.__deepcopy__(memo))
-                            for t, i, kind, r in self._deadlines if r.status < Status.FINISHED]
-        copies.extend(v for v in memo.values() if type(v) is Request)
+        clone.__dict__ = state
+        clone._deadlines = [(t, i, kind, cloned(r)) for t, i, kind, r in self._deadlines
+                            if r.status < Status.FINISHED]
+        copies = cast(list[Request], clone.requests)
+        copies.extend(clones.values())
         copies.extend(pending)
         copies.sort(key=_request_id)
         if output_tokens is not None:

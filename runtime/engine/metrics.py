@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runtime.engine.request import RejectReason, Request, Status
+from runtime.engine.request import RejectReason, Request, Status, slot_copier
 
 
 def percentiles(values: Sequence[float], qs: tuple[float, ...]) -> list[float]:
@@ -109,6 +109,13 @@ class IntervalStats:
     """:attr:`ttft_p99_ratio`, once the interval is closed (:meth:`close_percentiles`)"""
     _tpot_p99: float | None = field(default=None, init=False, repr=False, compare=False)
     """:attr:`tpot_p99_ratio`, once the interval is closed"""
+
+    def copy(self) -> IntervalStats:
+        """An independent copy (its own ratio lists), for a forked engine: written out from the
+        slots (:func:`runtime.engine.request.slot_copier`), so a field added later is copied
+        too."""
+        copied: IntervalStats = _copy_interval(self)
+        return copied
 
     def close_percentiles(self) -> None:
         """Take the p99s of the closed interval once (the engine calls this when it closes the
@@ -210,6 +217,9 @@ class RunSummary:
         return dict(self.__dict__)
 
 
+_copy_interval = slot_copier(IntervalStats.__slots__, own=("ttft_ratios", "tpot_ratios"))
+
+
 _SUMMARY_QS = (50.0, 90.0, 99.0)
 """the TTFT and TPOT percentiles a run summary reports"""
 
@@ -238,8 +248,19 @@ class SummaryAccumulator:
         self.batch_tokens = 0
         self.late = 0
 
-    def add(self, r: Request) -> None:
-        """Account for ``r``, which has just finished or been rejected."""
+    def copy(self) -> SummaryAccumulator:
+        """An independent copy, for a forked engine."""
+        c = SummaryAccumulator.__new__(SummaryAccumulator)
+        for name in self.__slots__:
+            setattr(c, name, getattr(self, name))
+        c.reasons = dict(self.reasons)
+        c.ttfts = array("d", self.ttfts)
+        c.tpots = array("d", self.tpots)
+        return c
+
+    def add(self, r: Request, met: bool | None = None) -> None:
+        """Account for ``r``, which has just finished or been rejected (``met``: whether it met
+        its SLO, when the caller has just judged it; else :meth:`Request.meets_slo` judges)."""
         self.num += 1
         self.late += r.is_late
         batch = r.is_batch
@@ -247,7 +268,7 @@ class SummaryAccumulator:
         if r.status == Status.FINISHED:
             assert r.first_token_s is not None and r.finish_s is not None
             self.finished += 1
-            ok = r.meets_slo()
+            ok = r.meets_slo() if met is None else met
             self.met += ok
             if batch:
                 self.batch_decided += 1

@@ -12,13 +12,18 @@ from runtime.engine.request import Request, Status
 class ObservingMixin(DeadlinesMixin):
     """:class:`~runtime.engine.engine.Engine`'s interval stats, run summary and invariants."""
 
-    def collect_interval(self) -> IntervalStats:
+    def collect_interval(self, state: bool = True) -> IntervalStats:
         """Close the current interval: return its stats (with the engine state now) and start a
-        new one."""
+        new one. ``state`` False leaves the state fields (queues, KV use and fragmentation,
+        batch backlog, percentiles) unset: the counters alone, for a look ahead that reads no
+        more."""
         self._count_certain_violations()
         self._account_memory()
         iv = self._interval
         iv.end_s = self.now
+        if not state:
+            self._interval = IntervalStats(start_s=self.now)
+            return iv
         iv.batch_waiting = len(self.waiting_batch)
         iv.waiting = len(self.waiting) + len(self.late) + iv.batch_waiting
         iv.waiting_tokens = self._waiting_tokens + self._batch_waiting_tokens
@@ -95,6 +100,7 @@ class ObservingMixin(DeadlinesMixin):
         assert self._waiting_tokens == sum(r.num_tokens for r in (*self.waiting, *self.late))
         assert self._batch_waiting_tokens == sum(r.num_tokens for r in self.waiting_batch)
         n_batch = self._num_running_batch
+        assert self._batch_blocks == sum(len(r.block_ids) for r in self.running if r.is_batch)
         assert [r.is_batch for r in self.running] == (
             [False] * (len(self.running) - n_batch) + [True] * n_batch), "class order"
         for q in (self.waiting, self.late, self.waiting_batch):

@@ -13,9 +13,10 @@ class OutcomesMixin(EngineState):
     """:class:`~runtime.engine.engine.Engine`'s accounting of first tokens, finishes, rejections
     and SLO misses."""
 
-    def _ended_request(self, r: Request) -> None:
-        """Account for a request that just ended, and drop it unless every request is kept."""
-        self._ended.add(r)
+    def _ended_request(self, r: Request, met: bool | None = None) -> None:
+        """Account for a request that just ended (``met``: whether it met its SLO, when the caller
+        knows), and drop it unless every request is kept."""
+        self._ended.add(r, met)
         if not self.config.keep_requests:
             self._num_dropped += 1
             if self._num_dropped > 1024 and self._num_dropped * 2 > len(self.requests):
@@ -41,26 +42,34 @@ class OutcomesMixin(EngineState):
 
     def _finish(self, r: Request) -> None:
         r.status = Status.FINISHED
-        r.finish_s = self.now
-        self.pool.free(r.block_ids)
+        now = r.finish_s = self.now
+        blocks = r.block_ids
+        self.pool.free(blocks)
         r.block_ids = []
-        self._ended_request(r)
         iv = self._interval
         iv.finished += 1
         if r.is_batch:
             self._num_running_batch -= 1
-            if r.meets_slo():
+            self._batch_blocks -= len(blocks)
+            ok = now <= r.deadline_s  # Request.meets_slo, for a batch request
+            self._ended_request(r, ok)
+            if ok:
                 iv.met += 1
                 iv.batch_met += 1
                 iv.batch_goodput_tokens += r.prompt_tokens + r.output_tokens
             else:
                 self._violation(r)
             return
+        # Request.meets_slo, with the TPOT taken once for the ratio too
+        first = r.first_token_s
+        assert first is not None  # it produced tokens
+        ok = not first - r.arrival_s > r.ttft_target_s
         if r.output_tokens >= 2:
-            assert r.first_token_s is not None  # it produced tokens
-            tpot = (r.finish_s - r.first_token_s) / (r.output_tokens - 1)
+            tpot = (now - first) / (r.output_tokens - 1)
             iv.tpot_ratios.append(tpot / r.tpot_target_s)
-        if r.meets_slo():
+            ok = ok and tpot <= r.tpot_target_s
+        self._ended_request(r, ok)
+        if ok:
             iv.met += 1
         else:
             self._violation(r)

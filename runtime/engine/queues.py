@@ -10,10 +10,19 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
+import numpy as np
+
 from runtime.engine.config import MAX_ARRIVAL_S
 from runtime.engine.outcomes import OutcomesMixin
 from runtime.engine.request import RejectReason, Request, Status
 from runtime.engine.state import FINISH, FIRST_TOKEN, LATE
+
+
+def _as_list(values: Sequence, kinds: str) -> Sequence:
+    """A numpy array of one of the dtype ``kinds`` as a list of Python numbers, else
+    ``values``."""
+    return values.tolist() if isinstance(values, np.ndarray) and values.dtype.kind in kinds \
+        else values
 
 
 class QueuesMixin(OutcomesMixin):
@@ -32,6 +41,11 @@ class QueuesMixin(OutcomesMixin):
         default = self.config.default_slo_class
         last = self._pending[-1].arrival_s if len(self._pending) > self._next_pending else self.now
         base_id = self._num_added
+        # numpy arrays as Python lists at once (float() and int() of each element as below would
+        # give the same values, one numpy scalar at a time)
+        arrival_s = _as_list(arrival_s, "fiu")
+        prompt_tokens = _as_list(prompt_tokens, "iu")
+        output_tokens = _as_list(output_tokens, "iu")
         new = []
         for i in range(n):
             t = float(arrival_s[i])
@@ -129,15 +143,17 @@ class QueuesMixin(OutcomesMixin):
         if r.num_computed_tokens < r.num_tokens - (1 if r.num_output_tokens else 0):
             self._num_prefilling -= 1
         self.pool.free(r.block_ids)
-        r.block_ids = []
         r.num_computed_tokens = 0
         r.num_preemptions += 1
         r.status = Status.WAITING
         if r.is_batch:
+            self._batch_blocks -= len(r.block_ids)
             self._num_running_batch -= 1
+            r.block_ids = []
             self.waiting_batch.appendleft(r)
             self._batch_waiting_tokens += r.num_tokens
         else:
+            r.block_ids = []
             self.waiting.appendleft(r)
             self._waiting_tokens += r.num_tokens
         self.num_preemptions += 1
@@ -165,9 +181,48 @@ class QueuesMixin(OutcomesMixin):
             n = self._num_running_batch
             slots = min(self.config.max_num_seqs,
                         len(self.running) - n + int(self.batch_share * self.config.max_num_seqs))
-            held = sum(len(r.block_ids) for r in self.running[len(self.running) - n:])
             self._admit_from(self.waiting_batch, slots,
-                             int(self.batch_share * self.pool.num_blocks) - held)
+                             int(self.batch_share * self.pool.num_blocks) - self._batch_blocks)
+
+    def _admission_idle(self) -> bool:
+        """Whether :meth:`_admit` would change nothing now: the interactive window has not
+        expired nor its chunk filled, or no request waits, or the batch head is held back by
+        ``batch_share``, the slots or the blocks (the closed-form path runs on past such points).
+        It reads the queues, the pool and the running requests' blocks, not their token
+        counts."""
+        pool = self.pool
+        bs = self.block_size
+        running = self.running
+        n = self._num_running_batch
+        max_seqs = self.config.max_num_seqs
+        watermark = int(self.config.watermark * pool.num_blocks)
+        queue = self.waiting or self.late
+        if queue:
+            if not (self.now >= self._admission_deadline()
+                    or self._waiting_tokens >= self.knobs.prefill_chunk_tokens):
+                return True
+            # the head of the first queue admitted from: held back (then _admit returns) unless
+            # preempting batch requests makes it fit (_admit_from, _make_room_from_batch)
+            r = queue[0]
+            if -(-(r.prompt_tokens + r.output_tokens) // bs) > pool.num_blocks:
+                return False  # rejected at admission
+            need = -(-r.num_tokens // bs)
+            if not (len(running) >= max_seqs
+                    or pool.num_free - need < (watermark if running else 0)):
+                return False
+            return (not n or len(running) - n >= max_seqs or pool.num_free + self._batch_blocks
+                    - need < (watermark if len(running) > n else 0))
+        queue = self.waiting_batch
+        if not queue:
+            return True
+        r = queue[0]
+        if -(-(r.prompt_tokens + r.output_tokens) // bs) > pool.num_blocks:
+            return False  # rejected at admission
+        need = -(-r.num_tokens // bs)
+        if need > int(self.batch_share * pool.num_blocks) - self._batch_blocks and n:
+            return True
+        return (len(running) >= min(max_seqs, len(running) - n + int(self.batch_share * max_seqs))
+                or pool.num_free - need < (watermark if running else 0))
 
     def _admit_from(self, queue: deque[Request], max_seqs: int | None = None,
                     max_blocks: int | None = None) -> bool:
@@ -209,6 +264,7 @@ class QueuesMixin(OutcomesMixin):
             if batch:
                 running.append(r)
                 self._num_running_batch += 1
+                self._batch_blocks += need
             elif self._num_running_batch:
                 running.insert(len(running) - self._num_running_batch, r)
             else:
@@ -229,7 +285,7 @@ class QueuesMixin(OutcomesMixin):
         if not n:
             return False
         running = self.running
-        freeable = sum(len(r.block_ids) for r in running[len(running) - n:])
+        freeable = self._batch_blocks
         if len(running) - n >= self.config.max_num_seqs or \
                 self.pool.num_free + freeable - need < (watermark if len(running) > n else 0):
             return False
@@ -256,6 +312,7 @@ class QueuesMixin(OutcomesMixin):
             n += 1
         self.running = []
         self._num_running_batch = 0
+        self._batch_blocks = 0
         self._waiting_tokens = 0
         self._batch_waiting_tokens = 0
         self._num_prefilling = 0

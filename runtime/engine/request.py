@@ -32,19 +32,19 @@ class RejectReason(enum.StrEnum):
     """a batch request whose completion deadline passed before it was (re)admitted (a miss)"""
 
 
-def _slot_copier(slots: tuple[str, ...], own: tuple[str, ...]) -> Callable[[Request], Request]:
+def slot_copier(slots: tuple[str, ...], own: tuple[str, ...]) -> Callable[[Any], Any]:
     """A function that copies an object of a class with ``slots``: a new object of its type with
     every slot assigned, the lists named in ``own`` copied (a fresh list each). Its code is
     written out from ``slots`` once, when the class is defined, so a slot added later cannot be
     left out, and it runs as fast as one spelled out by hand (8-10x cheaper than ``copy.copy``:
-    the fork's hot path clones every request in flight)."""
+    the fork's hot path clones every request in flight, and its interval stats)."""
     unknown = sorted(set(own) - set(slots))
     if unknown:
         raise ValueError(f"own names {unknown}, which are not slots of {slots}")
     body = "".join(f"\n    c.{s} = self.{s}{'[:]' if s in own else ''}" for s in slots)
     namespace: dict[str, Any] = {"new": object.__new__, "__name__": __name__}
     exec(f"def clone(self):\n    c = new(type(self)){body}\n    return c\n", namespace)
-    fn: Callable[[Request], Request] = namespace["clone"]
+    fn: Callable[[Any], Any] = namespace["clone"]
     return fn
 
 
@@ -89,9 +89,9 @@ class Request:
         self.deadline_s = arrival_s + deadline_s if deadline_s is not None else math.inf
         self.is_late = False  # moved behind the on-time requests (admission late_to_back)
 
-    clone = _slot_copier(__slots__, own=("block_ids",))
+    clone = slot_copier(__slots__, own=("block_ids",))
     """An independent copy (its own block table), for forking an engine: written out from
-    ``__slots__`` (see :func:`_slot_copier`), so a slot added later is copied too."""
+    ``__slots__`` (see :func:`slot_copier`), so a slot added later is copied too."""
 
     def __deepcopy__(self, memo: dict) -> Request:
         c = memo[id(self)] = self.clone()

@@ -15,9 +15,17 @@ class SimulatedExecutor:
         self.max_model_len = self.profile.max_model_len
         self._cost = self.profile.cost
         self._num_blocks: int | None = None
+        self._fit_ratio: float | None = None
+        self._fit_bytes = 0
+        """MemoryModel.workspace_bytes(_fit_ratio), the activation room at the last ratio seen"""
 
     def execute(self, batch: Batch, kv_cache_ratio: float) -> IterationResult:
-        if not self.memory.fits(batch.num_tokens, kv_cache_ratio):
+        m = self.memory
+        if kv_cache_ratio != self._fit_ratio:  # MemoryModel.fits, its workspace taken once a ratio
+            self._fit_ratio = kv_cache_ratio
+            self._fit_bytes = m.workspace_bytes(kv_cache_ratio)
+        if m.act_fixed_bytes + m.act_bytes_per_token * (batch.prefill_tokens + len(batch.decodes)) \
+                > self._fit_bytes:
             return IterationResult(self.profile.oom_penalty_s, oom=True)
         return IterationResult(self._cost.iteration_s(batch))
 

@@ -43,6 +43,7 @@ class EngineState:
     _batch_waiting_tokens: int
     running: list[Request]
     _num_running_batch: int
+    _batch_blocks: int
     _num_prefilling: int
     _policy: AdmissionPolicy
     _slack: float
