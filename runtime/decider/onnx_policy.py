@@ -129,24 +129,32 @@ def session_options() -> ort.SessionOptions:
     return so
 
 
-MAX_POLICY_BYTES = 256 * 1024 * 1024
-"""a larger file is refused before it is read (the shipped policy is ~30 KB)"""
+DEFAULT_MAX_POLICY_BYTES = 16 * 1024 * 1024
+"""the largest policy file read unless the caller says otherwise (the shipped policy is ~30 KB;
+a 29-1024-1024-5 MLP in float32 is ~4.3 MB). A larger file is refused before it is read, so a
+huge or sparse file under a policy's name costs a ``stat``, not a read and a parse."""
 
 
-def _read_regular_file(path: Path) -> bytes:
-    """The bytes of ``path``, which must be a regular file of at most :data:`MAX_POLICY_BYTES`.
-    Opened without blocking and checked on the open descriptor, so that a FIFO or a device under
-    a policy's name is refused at once rather than blocking the reload (and its lock) for ever."""
+def _read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``max_bytes``. Opened
+    without blocking and checked on the open descriptor, so that a FIFO or a device under a
+    policy's name is refused at once rather than blocking the reload (and its lock) for ever;
+    read at most one byte past the limit, so that a file that grows after the check is refused
+    too."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(f"{path.name} is not a regular file")
-        if info.st_size > MAX_POLICY_BYTES:
-            raise OSError(f"{path.name} has {info.st_size} bytes, more than the "
-                          f"{MAX_POLICY_BYTES} a policy may have")
+        if info.st_size > max_bytes:
+            raise OSError(f"{path.name} has {info.st_size} bytes, more than the {max_bytes} a "
+                          "policy may have (BATCHPILOT_MAX_POLICY_BYTES)")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
+            model = f.read(max_bytes + 1)
+        if len(model) > max_bytes:
+            raise OSError(f"{path.name} grew past the {max_bytes} bytes a policy may have while "
+                          "it was read")
+        return model
     finally:
         os.close(fd)
 
@@ -165,6 +173,8 @@ class OnnxPolicy:
 
     def __init__(self, model: bytes, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else None
+        self.model_bytes = model
+        """the file's bytes (the batch worker process builds its own session from them)"""
         self.sha256 = hashlib.sha256(model).hexdigest()
         self.size_bytes = len(model)
         try:
@@ -215,19 +225,23 @@ class OnnxPolicy:
         self.loaded_at = time.time()
 
     @classmethod
-    def load(cls, path: Path | str) -> OnnxPolicy:
-        """Read, check and warm the policy at ``path``; raises :class:`PolicyLoadError`."""
+    def load(cls, path: Path | str, max_bytes: int = DEFAULT_MAX_POLICY_BYTES) -> OnnxPolicy:
+        """Read, check and warm the policy at ``path`` (a file of at most ``max_bytes``); raises
+        :class:`PolicyLoadError`, whose message names the file by its name alone (the decider
+        shows its errors to clients, who have no business with the server's folders)."""
         path = Path(path)
         try:
-            model = _read_regular_file(path)
+            model = _read_regular_file(path, max_bytes)
         except FileNotFoundError:
-            raise PolicyLoadError(MODEL_MISSING, f"no policy file at {path}", path) from None
+            raise PolicyLoadError(MODEL_MISSING, f"no policy file at {path.name}", path) from None
         except OSError as e:
-            raise PolicyLoadError(MODEL_CORRUPT, f"cannot read {path}: {e}", path) from None
+            why = e.strerror if e.strerror else str(e)
+            raise PolicyLoadError(MODEL_CORRUPT, f"cannot read {path.name}: {why}",
+                                  path) from None
         return cls(model, path)
 
     def _name(self) -> str:
-        return str(self.path) if self.path is not None else "the policy"
+        return self.path.name if self.path is not None else "the policy"
 
     def _refuse(self, message: str) -> PolicyLoadError:
         return PolicyLoadError(BAD_SIGNATURE, f"{self._name()}: {message}", self.path)
