@@ -41,6 +41,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from runtime.api.batch import BatchAnswer, batch_stages
+from runtime.api.heap import return_large_blocks
 from runtime.decider.guard import GuardedDecider
 
 WORKER_NICE = 10
@@ -340,6 +341,7 @@ def _serve(sock: socket.socket) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    return_large_blocks()
     try:
         os.nice(WORKER_NICE)
     except OSError:

@@ -159,6 +159,61 @@ def _read_regular_file(path: Path, max_bytes: int) -> bytes:
         os.close(fd)
 
 
+MAX_TOP_LEVEL_FIELDS = 4096
+"""an ONNX file has a handful of top-level fields (version, producer, graph, opsets, metadata):
+:func:`not_a_model` gives up on more"""
+_MODEL_FIELDS = {1: "ir_version", 7: "graph"}
+"""the top-level fields of ``ModelProto`` a policy cannot lack"""
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= len(data) or shift > 63:
+            raise ValueError(f"a varint runs past byte {i}")
+        b = data[i]
+        value |= (b & 0x7F) << shift
+        i += 1
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def not_a_model(model: bytes) -> str | None:
+    """Why ``model`` cannot be an ONNX ``ModelProto`` (None when its top level reads as one):
+    its top-level protobuf fields are walked, tags and lengths only (a few microseconds), and
+    must end at the end of the file and include the version and the graph. A file of zeros or
+    of noise is refused here, without onnxruntime copying it and parsing it on the GIL."""
+    i, seen, n = 0, set(), 0
+    try:
+        while i < len(model):
+            n += 1
+            if n > MAX_TOP_LEVEL_FIELDS:
+                return f"more than {MAX_TOP_LEVEL_FIELDS} top-level fields"
+            tag, i = _varint(model, i)
+            field, wire = tag >> 3, tag & 7
+            if field == 0:
+                return f"byte {i - 1} holds field 0"
+            if wire == 0:
+                _, i = _varint(model, i)
+            elif wire == 1:
+                i += 8
+            elif wire == 2:
+                length, i = _varint(model, i)
+                i += length
+            elif wire == 5:
+                i += 4
+            else:
+                return f"field {field} has wire type {wire}"
+            seen.add(field)
+    except ValueError as e:
+        return str(e)
+    if i != len(model):
+        return f"its last field runs {i - len(model)} bytes past the end"
+    missing = [name for number, name in _MODEL_FIELDS.items() if number not in seen]
+    return f"no {' or '.join(missing)}" if missing else None
+
+
 def _is_fixed(dim: object) -> bool:
     return isinstance(dim, int)
 
@@ -177,11 +232,19 @@ class OnnxPolicy:
         """the file's bytes (the batch worker process builds its own session from them)"""
         self.sha256 = hashlib.sha256(model).hexdigest()
         self.size_bytes = len(model)
+        problem = not_a_model(model)
+        if problem is not None:  # refused before onnxruntime copies and parses the bytes
+            raise PolicyLoadError(MODEL_CORRUPT, f"{self._name()} is not an ONNX model: "
+                                  f"{problem}", path)
         try:
             session = ort.InferenceSession(model, session_options(), providers=[PROVIDER])
         except Exception as e:  # onnxruntime raises its own classes (InvalidProtobuf, Fail, ...)
+            failure = f"{type(e).__name__}: {str(e)[:300]}"
+        else:
+            failure = None
+        if failure is not None:  # raised here, not chained to onnxruntime's half-built session
             raise PolicyLoadError(MODEL_CORRUPT, f"onnxruntime cannot load {self._name()}: "
-                                  f"{type(e).__name__}: {str(e)[:300]}", path) from None
+                                  f"{failure}", path)
         providers = session.get_providers()
         if providers[:1] != [PROVIDER]:
             raise PolicyLoadError(MODEL_CORRUPT, f"{self._name()} runs on {providers}, "
@@ -238,7 +301,16 @@ class OnnxPolicy:
             why = e.strerror if e.strerror else str(e)
             raise PolicyLoadError(MODEL_CORRUPT, f"cannot read {path.name}: {why}",
                                   path) from None
-        return cls(model, path)
+        try:
+            return cls(model, path)
+        except PolicyLoadError as e:
+            # raised without what it was raised from: onnxruntime's exception, chained as its
+            # context, keeps the half-built session and its copy of the file's bytes alive in
+            # a cycle only the cyclic collector frees, and repeated reloads of a large refused
+            # file piled them up (16 MB each, 530 MB in 20 s)
+            del model
+            e.__context__ = e.__cause__ = None
+            raise e.with_traceback(None) from None
 
     def _name(self) -> str:
         return self.path.name if self.path is not None else "the policy"
@@ -268,6 +340,7 @@ class OnnxPolicy:
     def _warm_up(self) -> None:
         """Run the bound path and every batch size the decider uses; check shapes and that the
         answer to a zero observation is finite."""
+        failure = None
         try:
             for _ in range(NUM_WARMUP_RUNS):
                 self._run_bound(self._binding)
@@ -293,7 +366,9 @@ class OnnxPolicy:
         except PolicyLoadError:
             raise
         except Exception as e:
-            raise self._refuse(f"warm-up run failed: {type(e).__name__}: {str(e)[:300]}") from None
+            failure = f"{type(e).__name__}: {str(e)[:300]}"
+        if failure is not None:  # raised here, not chained to onnxruntime's exception
+            raise self._refuse(f"warm-up run failed: {failure}")
 
     # ------------------------------------------------------------------ evaluation
     def act(self, observation: np.ndarray) -> list[float]:
