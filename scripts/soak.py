@@ -261,6 +261,7 @@ def hostile_client(port: int, active: mp.Value, stop: mp.Event, max_open: int, s
     _pin(cpus)
     requests = attack_requests()
     statuses: dict[str, dict[int, int]] = {}
+    times: dict[str, array] = {}
     slow: list[socket.socket] = []
     idle: list[socket.socket] = []
     k = 0
@@ -301,12 +302,14 @@ def hostile_client(port: int, active: mp.Value, stop: mp.Event, max_open: int, s
                     break
             time.sleep(0.02 if len(names) > 1 else 0.2)
             continue
+        t0 = time.perf_counter()
         status = _send(port, requests[name])
+        times.setdefault(name, array("d")).append(time.perf_counter() - t0)
         by_status = statuses.setdefault(name, {})
         by_status[status] = by_status.get(status, 0) + 1
     for s in slow + idle:
         s.close()
-    out.put(("hostile", None, None, statuses))
+    out.put(("hostile", {n: a.tobytes() for n, a in times.items()}, None, statuses))
 
 
 def _still_open(s: socket.socket) -> bool:
@@ -322,16 +325,27 @@ def _still_open(s: socket.socket) -> bool:
 
 
 # ------------------------------------------------------------------------------------ the run
+def limit_file(size: int) -> bytes:
+    """``size`` bytes whose top-level protobuf fields are an ONNX model's (a version, and a
+    graph field over the rest, all zeros): the cheap check of a policy file lets it through, and
+    onnxruntime has to copy and parse it to refuse it, the costliest refusal a reload can get."""
+    head = b"\x08\x07\x3a"  # ir_version 7; field 7 (the graph), length-delimited
+    length = size - len(head) - 4
+    varint = bytes([(length >> s) & 0x7F | (0x80 if k < 3 else 0)
+                    for k, s in enumerate((0, 7, 14, 21))])
+    return head + varint + b"\0" * length
+
+
 def _policy_folder(folder: Path) -> None:
     """The shipped policy, and the files the reload attacks name: a 200 MB sparse file, one
-    a byte under the default size limit, and a symlink out of the folder."""
+    a byte under the default size limit that passes the cheap check (:func:`limit_file`), and
+    a symlink out of the folder."""
     from runtime.decider.onnx_policy import DEFAULT_MAX_POLICY_BYTES
 
     shutil.copy(shipped_policy_dir() / "policy.onnx", folder / "policy.onnx")
     with open(folder / "huge.onnx", "wb") as f:
         f.truncate(200 * 2**20)
-    with open(folder / "limit.onnx", "wb") as f:
-        f.truncate(DEFAULT_MAX_POLICY_BYTES - 1)
+    (folder / "limit.onnx").write_bytes(limit_file(DEFAULT_MAX_POLICY_BYTES - 1))
     outside = folder.parent / "outside-target.onnx"
     shutil.copy(shipped_policy_dir() / "policy.onnx", outside)
     (folder / "outside.onnx").symlink_to(outside)
@@ -466,6 +480,7 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
     batches: dict[int, list] = {}
     good_status: dict[int | str, int] = {}
     hostile_status: dict[str, dict[str, int]] = {}
+    hostile_times: dict[str, list[float]] = {}
     for kind, latencies, batch_latencies, statuses in results:
         if kind == "good":
             for s, n in statuses.items():
@@ -481,6 +496,10 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
                 merged = hostile_status.setdefault(attack, {})
                 for s, n in by_status.items():
                     merged[str(s)] = merged.get(str(s), 0) + n
+            for attack, b in latencies.items():
+                a = array("d")
+                a.frombytes(b)
+                hostile_times.setdefault(attack, []).extend(a)
 
     def pooled(target: dict[int, list], segs) -> np.ndarray:
         return np.array([x for s in segs for x in target.get(s, [])])
@@ -510,6 +529,9 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
         "good_5xx": sum(v for k, v in good_status.items() if isinstance(k, int) and k >= 500),
         "good_not_200": sum(v for k, v in good_status.items() if k != 200),
         "hostile_status": hostile_status,
+        "hostile_answer_ms": {  # how long each hostile request took to be answered
+            name: {"p50": _pct(np.array(t), 50), "p99": _pct(np.array(t), 99),
+                   "max": max(t) * 1e3} for name, t in hostile_times.items() if t},
         "memory_mib": {"after_warmup": float(mib[0]) if len(mib) else None,
                        "end": float(mib[-1]) if len(mib) else None,
                        "peak": peak / 2**20},
@@ -592,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  good answers by status: {r['good_status']} (5xx: {r['good_5xx']})")
     if not r["each"]:
         print(f"  hostile answers by status: {r['hostile_status']}")
+    slowest = ", ".join(f"{name} {t['max']:.0f}" for name, t in r["hostile_answer_ms"].items())
+    print(f"  hostile requests' slowest answers (ms): {slowest}")
     print(f"  server log errors: {r['server_log_errors']}")
     m = r["memory_mib"]
     print(f"  server memory (with its worker): {m['after_warmup']:.1f} MiB after warm-up, "

@@ -196,7 +196,7 @@ def test_a_policy_over_the_size_limit_is_refused_before_it_is_read(policy_dir):
         assert r.status_code == 422
         assert r.json()["detail"]["message"] == (
             f"cannot read huge.onnx: huge.onnx has {300 * 2**20} bytes, more than the "
-            f"{16 * 2**20} a policy may have (BATCHPILOT_MAX_POLICY_BYTES)")
+            f"{8 * 2**20} a policy may have (BATCHPILOT_MAX_POLICY_BYTES)")
     small = Settings(policy_dir=policy_dir, max_policy_bytes=4096)
     assert small.max_policy_bytes == 4096
     with serving(small.model_copy(update={"reload_token": TOKEN})) as url:  # 30 KB: too big

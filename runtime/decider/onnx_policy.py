@@ -62,6 +62,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -129,10 +130,14 @@ def session_options() -> ort.SessionOptions:
     return so
 
 
-DEFAULT_MAX_POLICY_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_POLICY_BYTES = 8 * 1024 * 1024
 """the largest policy file read unless the caller says otherwise (the shipped policy is ~30 KB;
 a 29-1024-1024-5 MLP in float32 is ~4.3 MB). A larger file is refused before it is read, so a
 huge or sparse file under a policy's name costs a ``stat``, not a read and a parse."""
+
+
+class _NotAModel(Exception):
+    """A file whose top-level fields are not an ONNX model's."""
 
 
 def _read_regular_file(path: Path, max_bytes: int) -> bytes:
@@ -149,6 +154,9 @@ def _read_regular_file(path: Path, max_bytes: int) -> bytes:
         if info.st_size > max_bytes:
             raise OSError(f"{path.name} has {info.st_size} bytes, more than the {max_bytes} a "
                           "policy may have (BATCHPILOT_MAX_POLICY_BYTES)")
+        problem = not_a_model(size=info.st_size, fetch=lambda offset, n: os.pread(fd, n, offset))
+        if problem is not None:  # refused from a few bytes of it
+            raise _NotAModel(f"{path.name} is not an ONNX model: {problem}")
         with os.fdopen(fd, "rb", closefd=False) as f:
             model = f.read(max_bytes + 1)
         if len(model) > max_bytes:
@@ -166,40 +174,47 @@ _MODEL_FIELDS = {1: "ir_version", 7: "graph"}
 """the top-level fields of ``ModelProto`` a policy cannot lack"""
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
+def _varint(fetch: Callable[[int, int], bytes], i: int) -> tuple[int, int]:
     value = shift = 0
-    while True:
-        if i >= len(data) or shift > 63:
-            raise ValueError(f"a varint runs past byte {i}")
-        b = data[i]
+    head = fetch(i, 10)
+    for k, b in enumerate(head):
         value |= (b & 0x7F) << shift
-        i += 1
         if b < 0x80:
-            return value, i
+            return value, i + k + 1
         shift += 7
+    raise ValueError(f"a varint at byte {i} runs past the end")
 
 
-def not_a_model(model: bytes) -> str | None:
-    """Why ``model`` cannot be an ONNX ``ModelProto`` (None when its top level reads as one):
-    its top-level protobuf fields are walked, tags and lengths only (a few microseconds), and
-    must end at the end of the file and include the version and the graph. A file of zeros or
-    of noise is refused here, without onnxruntime copying it and parsing it on the GIL."""
+def not_a_model(model: bytes | None = None, *, size: int = 0,
+                fetch: Callable[[int, int], bytes] | None = None) -> str | None:
+    """Why a file cannot be an ONNX ``ModelProto`` (None when its top level reads as one): its
+    top-level protobuf fields are walked, tags and lengths only, and must end at the end of the
+    file and include the version and the graph. Given ``model``'s bytes, or a file's ``size``
+    and ``fetch(offset, n)`` reading from it (then only the few bytes of the tags are read). A
+    file of zeros or of noise is refused in microseconds, without being read, hashed, or copied
+    and parsed by onnxruntime on the GIL."""
+    if model is not None:
+        size = len(model)
+
+        def fetch(offset: int, n: int) -> bytes:
+            return model[offset:offset + n]
+    assert fetch is not None
     i, seen, n = 0, set(), 0
     try:
-        while i < len(model):
+        while i < size:
             n += 1
             if n > MAX_TOP_LEVEL_FIELDS:
                 return f"more than {MAX_TOP_LEVEL_FIELDS} top-level fields"
-            tag, i = _varint(model, i)
+            tag, i = _varint(fetch, i)
             field, wire = tag >> 3, tag & 7
             if field == 0:
                 return f"byte {i - 1} holds field 0"
             if wire == 0:
-                _, i = _varint(model, i)
+                _, i = _varint(fetch, i)
             elif wire == 1:
                 i += 8
             elif wire == 2:
-                length, i = _varint(model, i)
+                length, i = _varint(fetch, i)
                 i += length
             elif wire == 5:
                 i += 4
@@ -208,8 +223,8 @@ def not_a_model(model: bytes) -> str | None:
             seen.add(field)
     except ValueError as e:
         return str(e)
-    if i != len(model):
-        return f"its last field runs {i - len(model)} bytes past the end"
+    if i != size:
+        return f"its last field runs {i - size} bytes past the end"
     missing = [name for number, name in _MODEL_FIELDS.items() if number not in seen]
     return f"no {' or '.join(missing)}" if missing else None
 
@@ -230,18 +245,16 @@ class OnnxPolicy:
         self.path = Path(path) if path is not None else None
         self.model_bytes = model
         """the file's bytes (the batch worker process builds its own session from them)"""
-        self.sha256 = hashlib.sha256(model).hexdigest()
-        self.size_bytes = len(model)
         problem = not_a_model(model)
         if problem is not None:  # refused before onnxruntime copies and parses the bytes
             raise PolicyLoadError(MODEL_CORRUPT, f"{self._name()} is not an ONNX model: "
                                   f"{problem}", path)
+        self.size_bytes = len(model)
+        failure: str | None = None
         try:
             session = ort.InferenceSession(model, session_options(), providers=[PROVIDER])
         except Exception as e:  # onnxruntime raises its own classes (InvalidProtobuf, Fail, ...)
             failure = f"{type(e).__name__}: {str(e)[:300]}"
-        else:
-            failure = None
         if failure is not None:  # raised here, not chained to onnxruntime's half-built session
             raise PolicyLoadError(MODEL_CORRUPT, f"onnxruntime cannot load {self._name()}: "
                                   f"{failure}", path)
@@ -264,6 +277,8 @@ class OnnxPolicy:
         """the width of the policy's input (its spec's)"""
         self.num_actions = self._adapter.num_actions if self._adapter is not None else NUM_KNOBS
         """the width of its output: the first ``num_actions`` knobs"""
+        # hashed once onnxruntime has taken the file: a refused one is not hashed for nothing
+        self.sha256 = hashlib.sha256(model).hexdigest()
         self.policy_version = (self.metadata.get(POLICY_VERSION_KEY)
                                or f"sha256:{self.sha256[:12]}")
         self.lend_guard: LendGuard | None = None
@@ -297,6 +312,8 @@ class OnnxPolicy:
             model = _read_regular_file(path, max_bytes)
         except FileNotFoundError:
             raise PolicyLoadError(MODEL_MISSING, f"no policy file at {path.name}", path) from None
+        except _NotAModel as e:
+            raise PolicyLoadError(MODEL_CORRUPT, str(e), path) from None
         except OSError as e:
             why = e.strerror if e.strerror else str(e)
             raise PolicyLoadError(MODEL_CORRUPT, f"cannot read {path.name}: {why}",
@@ -340,7 +357,7 @@ class OnnxPolicy:
     def _warm_up(self) -> None:
         """Run the bound path and every batch size the decider uses; check shapes and that the
         answer to a zero observation is finite."""
-        failure = None
+        failure: str | None = None
         try:
             for _ in range(NUM_WARMUP_RUNS):
                 self._run_bound(self._binding)
