@@ -162,7 +162,8 @@ def uvicorn_config(settings: Settings, app: FastAPI | None = None):
     """The uvicorn configuration that serves ``app`` (built from ``settings`` when None) with
     the settings' address, parser, header limits, timeouts and connection cap. The limit on
     requests in progress is the app's own (:class:`runtime.api.request_limits.RequestLimits`),
-    not uvicorn's, which counted open connections, silent ones included."""
+    not uvicorn's, which counted open connections, silent ones included. No WebSocket: the app
+    serves none, and an upgrade would leave the guarded protocol for uvicorn's own."""
     import uvicorn
 
     return uvicorn.Config(app if app is not None else create_app(settings), host=settings.host,
@@ -171,7 +172,7 @@ def uvicorn_config(settings: Settings, app: FastAPI | None = None):
                           http=guarded_protocol(settings.http, connection_limits(settings)),
                           h11_max_incomplete_event_size=settings.max_header_bytes,
                           timeout_keep_alive=settings.keep_alive_timeout_s,
-                          limit_concurrency=None)
+                          limit_concurrency=None, ws="none")
 
 
 SWITCH_INTERVAL_S = 0.001

@@ -326,3 +326,51 @@ def test_worker_answers_equal_inline_answers(policy_dir):
     assert inline.content == worker.content
     assert info["recent"]["by_source"]["policy"] == 300
     assert 'batchpilot_decisions_total{route="batch",source="policy"} 300.0' in metrics
+
+
+def test_a_connection_cap_the_open_file_limit_cannot_hold_stops_the_start_naming_it():
+    import resource
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHPILOT_")}
+    out = subprocess.run([sys.executable, "-m", "runtime.server"], cwd=REPO, timeout=60,
+                         env=dict(env, PYTHONPATH=str(REPO), BATCHPILOT_MAX_CONNECTIONS="1000"),
+                         capture_output=True, text=True, preexec_fn=low_limit)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert ("BATCHPILOT_MAX_CONNECTIONS: 1000 connections need 1064 open files, and this "
+            "process may open at most 256 (ulimit -n)") in out.stderr
+
+
+@pytest.mark.parametrize("http", IMPLEMENTATIONS)
+def test_an_upgrade_request_is_answered_as_plain_http(policy_dir, http):
+    with serving(Settings(policy_dir=policy_dir, http=http)) as url:
+        sock = connect(url)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: Upgrade\r\n"
+                     b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+        _, data = closed_within(sock, 1.0)
+        assert statuses(data) == [200], data[:200]
+
+
+@pytest.mark.parametrize("http", IMPLEMENTATIONS)
+def test_empty_lines_after_an_answer_do_not_hold_a_connection_open(policy_dir, http):
+    """Blank lines between requests are skipped by the parser without starting a head; they
+    must not keep a connection open past the header timeout (they cancel the keep-alive one)."""
+    with serving(Settings(policy_dir=policy_dir, http=http, header_timeout_s=0.5,
+                          keep_alive_timeout_s=1)) as url:
+        sock = connect(url)
+        sock.sendall(GOOD)
+        t0 = time.monotonic()
+        closed = False
+        for _ in range(30):
+            try:
+                sock.sendall(b"\r\n")
+            except OSError:
+                closed = True
+                break
+            closed, _ = closed_within(sock, 0.1)
+            if closed:
+                break
+        assert closed and time.monotonic() - t0 < 2.0

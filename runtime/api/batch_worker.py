@@ -235,21 +235,35 @@ def shared_worker() -> BatchWorker:
 
 
 class _Reader:
-    """Frames off a blocking socket."""
+    """Frames off a blocking socket; a large payload is received straight into its buffer."""
+
+    LARGE = 1 << 16
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buf = bytearray()
 
     def _exactly(self, n: int) -> bytes | None:
+        if len(self.buf) < n and n - len(self.buf) >= self.LARGE:
+            out = bytearray(n)
+            view = memoryview(out)
+            have = len(self.buf)
+            view[:have] = self.buf
+            self.buf.clear()
+            while have < n:
+                got = self.sock.recv_into(view[have:])
+                if not got:
+                    return None
+                have += got
+            return bytes(out)
         while len(self.buf) < n:
-            chunk = self.sock.recv(max(n - len(self.buf), 1 << 16))
+            chunk = self.sock.recv(max(n - len(self.buf), self.LARGE))
             if not chunk:
                 return None
             self.buf += chunk
-        out = bytes(self.buf[:n])
+        out_bytes = bytes(self.buf[:n])
         del self.buf[:n]
-        return out
+        return out_bytes
 
     def frame(self) -> tuple[Any, bytes] | None:
         head = self._exactly(_HEADER.size)

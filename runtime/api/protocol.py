@@ -189,6 +189,10 @@ class GuardedHttpToolsProtocol(_Guard, HttpToolsProtocol):
         if self._refusal is not None or self.parser is None:
             return  # refused: the rest of what the client sends is not read
         self._unset_keepalive_if_required()
+        if self.cycle is None or self.cycle.response_complete:
+            # bytes after an answer (even the empty lines llhttp skips) start the next head's
+            # time: they cancelled the keep-alive timer
+            self._arm_header_timer()
         limit = self.limits.max_header_bytes
         while data:
             if self._in_head:
