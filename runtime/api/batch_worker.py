@@ -4,8 +4,9 @@ Parsing, deciding and answering a 4,096-row batch takes tens of milliseconds of 
 of it holds Python's GIL (the JSON parser builds Python objects): on the server's event loop, or
 on a thread beside it, two clients posting such batches back to back raised every other
 client's p99 twentyfold. So batch bodies over :data:`runtime.api.routes.decide.INLINE_BODY_BYTES`
-go to one worker process, at a lower CPU priority (nice :data:`WORKER_NICE`): the event loop
-only moves bytes, and the operating system gives its CPU to the loop first.
+go to one worker process, at a lower CPU priority (nice :data:`WORKER_NICE` by default,
+``BATCHPILOT_BATCH_WORKER_NICE``): the event loop only moves bytes, and the operating system
+gives its CPU to the loop first.
 
 The worker keeps a copy of the server's decider (the policy's bytes, the PID, the static knobs,
 the slew rate), sent once for each policy the server has loaded; a reload sends the new one
@@ -45,7 +46,7 @@ from runtime.api.heap import return_large_blocks
 from runtime.decider.guard import GuardedDecider
 
 WORKER_NICE = 10
-"""how much lower the worker's CPU priority is than the server's"""
+"""how much lower the worker's CPU priority is than the server's, by default"""
 _HEADER = struct.Struct("!QQ")
 """a frame: the lengths of its pickled metadata and of its raw payload, then both"""
 MAX_DECIDERS = 8
@@ -81,12 +82,13 @@ def decider_spec(decider: GuardedDecider) -> tuple[tuple, Callable[[], dict]]:
 class _Generation:
     """One worker process and what is in flight with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int) -> None:
         parent, child = socket.socketpair()
         self.sock = parent
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "runtime.api.batch_worker", str(child.fileno())],
+                [sys.executable, "-m", "runtime.api.batch_worker", str(child.fileno()),
+                 str(nice)],
                 pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             child.close()
@@ -98,9 +100,13 @@ class _Generation:
 
 
 class BatchWorker:
-    """The server side: :meth:`submit` a body, await the future's :class:`BatchAnswer`."""
+    """The server side: :meth:`submit` a body, await the future's :class:`BatchAnswer`.
 
-    def __init__(self) -> None:
+    :param nice: how much lower the worker's CPU priority is than this process's
+    """
+
+    def __init__(self, nice: int = WORKER_NICE) -> None:
+        self.nice = nice
         self._lock = threading.Lock()
         self._gen: _Generation | None = None
         self._ids = itertools.count()
@@ -128,7 +134,7 @@ class BatchWorker:
 
     def _generation(self) -> _Generation:
         if self._gen is None or self._gen.dead:
-            gen = _Generation()
+            gen = _Generation(self.nice)
             self._gen = gen
             threading.Thread(target=self._send_loop, args=(gen,), daemon=True,
                              name="batchpilot-worker-send").start()
@@ -224,12 +230,13 @@ _SHARED: BatchWorker | None = None
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_worker() -> BatchWorker:
-    """The process's worker (one for every app in it), stopped at exit."""
+def shared_worker(nice: int = WORKER_NICE) -> BatchWorker:
+    """The process's worker (one for every app in it, at the ``nice`` of the first that asks),
+    stopped at exit."""
     global _SHARED
     with _SHARED_LOCK:
         if _SHARED is None:
-            _SHARED = BatchWorker()
+            _SHARED = BatchWorker(nice)
             atexit.register(_SHARED.close)
         return _SHARED
 
@@ -357,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     return_large_blocks()
     try:
-        os.nice(WORKER_NICE)
+        os.nice(int(argv[1]) if len(argv) > 1 else WORKER_NICE)
     except OSError:
         pass
     sock = socket.socket(fileno=int(argv[0]))
