@@ -451,8 +451,13 @@ def bench_load(url: str, bodies: list[bytes], token: str, reload_name: str, rate
 
     def reload() -> None:
         t0 = time.perf_counter()
-        r = httpx.post(url + "/v1/policy/reload", json={"name": reload_name},
-                       headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        try:
+            r = httpx.post(url + "/v1/policy/reload", json={"name": reload_name},
+                           headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        except httpx.TransportError as e:  # an overloaded machine: report it, do not stop
+            reload_info.update(status=0, t0=t0, t1=time.perf_counter(),
+                               version=f"{type(e).__name__}: {e}")
+            return
         reload_info.update(status=r.status_code, t0=t0, t1=time.perf_counter(),
                            version=r.json().get("policy", {}).get("policy_version")
                            if r.status_code == 200 else r.text[:200])

@@ -30,8 +30,9 @@ probing the server:
   ``reload_no_token``: a 4 MB body and a malformed one without it.
 
 Every count is bounded: the clients, the open connections, the run's duration. ``--pin`` puts
-the server's event loop on the first CPU and the hostile clients on the last (where the machine
-has two or more), so that their own CPU does not compete with the server's loop. Reports the
+the server's event loop and the good clients on the first CPU and the hostile clients on the
+last (where the machine has two or more), so that the hostile clients' own CPU competes with
+neither, as if they ran elsewhere (the batch worker keeps every CPU). Reports the
 good clients' decision latency (p50, p99) without and with the hostile clients and their ratio
 (per attack with ``--each``, with the spread over rounds), every good answer that was not a 200
 (5xx counted apart), the hostile answers by status, and the server's resident memory (its
@@ -367,7 +368,9 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
                BATCHPILOT_POLICY_DIR=str(folder), BATCHPILOT_RELOAD_TOKEN=TOKEN)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     pinned = pin and len(cpus) >= 2
-    server_cpus, client_cpus = ({cpus[0]}, {cpus[-1]}) if pinned else (None, None)
+    # hostile clients away from the server's loop; good clients beside it (they and the loop
+    # take turns, and they must not wait for the CPU behind the hostile clients' own work)
+    server_cpus, hostile_cpus = ({cpus[0]}, {cpus[-1]}) if pinned else (None, None)
     # the server's log goes to a file: a pipe nobody reads fills up and blocks the server
     log = tempfile.TemporaryFile(mode="w+b")
     server = subprocess.Popen([sys.executable, "-m", "runtime.server"], cwd=repo, env=env,
@@ -381,10 +384,10 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
         active = mp.Value("i", -1)
         stop, out = mp.Event(), mp.Queue()
         procs = [mp.Process(target=good_client,
-                            args=(port, segment, stop, good_rate, client_cpus, out))
+                            args=(port, segment, stop, good_rate, server_cpus, out))
                  for _ in range(good)]
         procs += [mp.Process(target=hostile_client,
-                             args=(port, active, stop, max_open, silent, attacks, client_cpus,
+                             args=(port, active, stop, max_open, silent, attacks, hostile_cpus,
                                    out))
                   for _ in range(hostile)]
         for p in procs:
@@ -427,8 +430,8 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
     return {"repo": str(repo), "duration_s": duration_s, "warmup_s": warmup_s,
             "segment_s": segment_s,
             "good_clients": good, "hostile_clients": hostile, "good_rate": good_rate,
-            "pinned": ({"server_loop": sorted(server_cpus or ()),
-                        "clients": sorted(client_cpus or ())} if pinned else None),
+            "pinned": ({"server_loop_and_good_clients": sorted(server_cpus or ()),
+                        "hostile_clients": sorted(hostile_cpus or ())} if pinned else None),
             "machine": {"cpus": len(cpus), "load_avg_1m_start": load_start,
                         "load_avg_1m_end": os.getloadavg()[0]},
             **report, "attacks": list(attacks), "each": each,
@@ -562,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="one attack a segment, each --rounds times, reported apart")
     ap.add_argument("--rounds", type=int, default=2, help="segments each attack gets (2)")
     ap.add_argument("--pin", action="store_true",
-                    help="the server's event loop on the first CPU, the clients on the last")
+                    help="the server's event loop and the good clients on the first CPU, the "
+                         "hostile clients on the last")
     ap.add_argument("--repo", type=Path, default=REPO,
                     help="the checkout whose server is soaked (this one; another commit's "
                          "worktree to compare)")

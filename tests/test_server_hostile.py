@@ -4,17 +4,20 @@ under both HTTP parsers where the parser is what is probed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
 import pytest
 
 from runtime.api.settings import Settings, SettingsError, load_settings
+from runtime.server import create_app
 from tests.conftest import raw_fields
 from tests.test_server_uvicorn import REPO, TOKEN, closed_within, connect, serving
 
@@ -117,6 +120,34 @@ def test_past_the_connection_cap_the_connection_idle_longest_is_closed(policy_di
         assert closed[:9] == [True] * 9, closed
         for s in silent + more:
             s.close()
+
+
+def test_past_the_connection_cap_with_every_connection_busy_a_new_one_gets_503(policy_dir):
+    release = threading.Event()
+    app = create_app(Settings(policy_dir=policy_dir, max_connections=16))
+
+    @app.post("/test/hold")
+    async def hold() -> dict:
+        await asyncio.get_running_loop().run_in_executor(None, release.wait, 10)
+        return {}
+
+    hold_request = b"POST /test/hold HTTP/1.1\r\nHost: t\r\ncontent-length: 0\r\n\r\n"
+    with serving(Settings(policy_dir=policy_dir, max_connections=16), app=app) as url:
+        held = [connect(url) for _ in range(16)]
+        for s in held:
+            s.sendall(hold_request)  # a complete request each, held in progress
+        time.sleep(0.5)
+        try:
+            sock = connect(url)
+            closed, data = closed_within(sock, 2.0)
+            assert closed and statuses(data) == [503], data[:200]
+            assert b"BATCHPILOT_MAX_CONNECTIONS" in data
+        finally:
+            release.set()
+        assert [statuses(closed_within(s, 5.0)[1][:20]) for s in held] == [[200]] * 16
+        for s in held:
+            s.close()
+        good_request_works(url)
 
 
 # ---------------------------------------------------------------------------------- pipelining

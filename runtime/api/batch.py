@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import pydantic_core
 
-from runtime.api.parsing import BodyErrors, errors_body, parse_batch
+from runtime.api.parsing import BodyErrors, batch_rows_stages, errors_body
 from runtime.decider.decision import Source
 from runtime.decider.guard import BatchDecisions, GuardedDecider
 from runtime.knobs import KNOB_NAMES, Knobs
@@ -75,13 +75,13 @@ def _tokens(values: list) -> list[bytes]:
     return _to_json(values)[1:-1].split(b",")
 
 
-def decisions_json(b: BatchDecisions) -> bytes:
-    """``{"decisions": [...]}`` for a batch, written from its arrays: each knob column becomes
-    JSON numbers in one call, and the pieces of every row are laid out in one list that one
-    ``join`` turns into the answer."""
+def _rows_json(b: BatchDecisions) -> bytes:
+    """The decisions of a batch as JSON objects separated by commas, written from its arrays:
+    each knob column becomes JSON numbers in one call, and the pieces of every row are laid out
+    in one list that one ``join`` turns into the text."""
     n = len(b.sources)
     if n == 0:
-        return b'{"decisions":[]}'
+        return b""
     k = b.knobs
     columns = [_tokens(k[:, 0].tolist()), _tokens(k[:, 1].astype("int64").tolist()),
                *(_tokens(k[:, j].tolist()) for j in range(2, k.shape[1]))]
@@ -99,27 +99,51 @@ def decisions_json(b: BatchDecisions) -> bytes:
         pieces[2 * j::width] = [sep] * n
         pieces[2 * j + 1::width] = columns[j]
     pieces[width - 1::width] = tails
-    return b'{"decisions":[' + b"".join(pieces) + b"]}"
+    return b"".join(pieces)
+
+
+def decisions_json(b: BatchDecisions) -> bytes:
+    """``{"decisions": [...]}`` for a batch (see :func:`_rows_json`)."""
+    return b'{"decisions":[' + _rows_json(b) + b"]}"
+
+
+DECIDE_ROWS = 1024
+"""rows decided, and answered, at a time in the stages of a large batch"""
 
 
 def batch_stages(body: bytes, decider: GuardedDecider,
                  circuit_open: bool | None = None) -> Generator[None, None, BatchAnswer]:
-    """:func:`answer_batch` in stages (parse, decide, answer), yielding between them: the batch
-    worker interleaves the stages of different clients' batches."""
+    """:func:`answer_batch` in stages of a few milliseconds each (the slices of the parse, then
+    :data:`DECIDE_ROWS` rows decided, then answered, at a time), yielding between them: the
+    batch worker takes turns between clients' batches at each stage."""
     try:
-        rows = parse_batch(body, defaults_for(decider.static_knobs))
+        rows = yield from batch_rows_stages(body, defaults_for(decider.static_knobs))
     except BodyErrors as e:
         return BatchAnswer(422, _to_json(errors_body(e.errors)), None)
     yield
-    t0 = time.perf_counter()
+    vectors = vectors_from_rows(rows)
+    seconds = 0.0
     hits, error = decider.lend_guard_hits, decider.last_error_at
-    decisions = decider.decide_batch_columns(vectors_from_rows(rows), circuit_open=circuit_open)
-    seconds = time.perf_counter() - t0
+    parts = []
+    for start in range(0, max(len(vectors), 1), DECIDE_ROWS):
+        t0 = time.perf_counter()
+        parts.append(decider.decide_batch_columns(vectors[start:start + DECIDE_ROWS],
+                                                  circuit_open=circuit_open))
+        seconds += time.perf_counter() - t0
+        yield
     errors = ((decider.last_error,) if decider.last_error_at != error
               and decider.last_error is not None else ())
-    stats = BatchStats(decisions.tally, seconds, decider.lend_guard_hits - hits, errors)
-    yield
-    return BatchAnswer(200, decisions_json(decisions), stats)
+    tally: dict[tuple[Source, str | None], int] = {}
+    for part in parts:
+        for key, count in part.tally.items():
+            tally[key] = tally.get(key, 0) + count
+    stats = BatchStats(tally, seconds, decider.lend_guard_hits - hits, errors)
+    texts = []
+    for part in parts:
+        texts.append(_rows_json(part))
+        yield
+    return BatchAnswer(200, b'{"decisions":[' + b",".join(t for t in texts if t) + b"]}",
+                       stats)
 
 
 def answer_batch(body: bytes, decider: GuardedDecider,

@@ -11,10 +11,13 @@ gives its CPU to the loop first.
 The worker keeps a copy of the server's decider (the policy's bytes, the PID, the static knobs,
 the slew rate), sent once for each policy the server has loaded; a reload sends the new one
 before any batch that should see it, so each batch runs wholly on one policy. Jobs are queued
-per client (connection) and taken round-robin, one stage at a time (parse, decide, answer), so a
-client's large batches wait behind at most one stage of each other client's, never behind a
-queue of them. The worker answers with the bytes of the HTTP answer and what the batch did to
-the decider (:class:`runtime.api.batch.BatchStats`), which the server applies to its own.
+per client (connection) and run a stage at a time (a slice of the parse, of the decisions or of
+the answer: a few milliseconds each), the next stage always the waiting client's that has had
+the least of the worker's time (fair queuing): a client's small batch is answered after one
+stage of the others', never behind a queue of their large ones, and clients with large batches
+share the worker equally. The worker answers with the bytes of the HTTP answer and what the
+batch did to the decider (:class:`runtime.api.batch.BatchStats`), which the server applies to
+its own.
 
 The server process talks to it over a socket pair, through a sender and a receiver thread
 (blocking socket calls release the GIL); the route awaits a future. A worker that dies fails
@@ -35,6 +38,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator
@@ -308,13 +312,18 @@ def _job(body: bytes, decider: GuardedDecider | None,
 
 
 def _serve(sock: socket.socket) -> None:
+    """Answer the server's frames until it closes its end. Jobs wait per client; each turn runs
+    one stage of the job of the client that has had the least of the worker's time since it
+    began waiting (a client that starts waiting starts level with the least served one), so a
+    client's small batch is answered after one stage of the others', and clients with large
+    batches share the worker equally."""
     deciders: OrderedDict[tuple, GuardedDecider | None] = OrderedDict()
-    queues: dict[str, deque] = {}
-    turn: deque[str] = deque()  # clients with jobs, in the order they are served
+    queues: dict[str, deque] = {}  # the clients with jobs, and their jobs in order
+    served: dict[str, float] = {}  # seconds of stages each of them has had while waiting
     reader = _Reader(sock)
     while True:
         # take every frame that has arrived; wait for one when there is nothing to do
-        while not turn or select.select([sock], [], [], 0)[0]:
+        while not queues or select.select([sock], [], [], 0)[0]:
             frame = reader.frame()
             if frame is None:
                 return  # the server closed its end
@@ -336,12 +345,13 @@ def _serve(sock: socket.socket) -> None:
                 _, job, key, client, circuit_open = meta
                 if client not in queues:
                     queues[client] = deque()
-                    turn.append(client)
+                    served[client] = min(served.values(), default=0.0)
                 queues[client].append((job, _job(payload, deciders.get(key), circuit_open)))
-        client = turn.popleft()
+        client = min(served, key=served.__getitem__)
         jobs = queues[client]
         job, steps = jobs[0]
         answer = None
+        t0 = time.perf_counter()
         try:
             next(steps)
         except StopIteration as done:
@@ -349,15 +359,14 @@ def _serve(sock: socket.socket) -> None:
         except Exception:
             traceback.print_exc()
             answer = BatchAnswer(500, b'{"detail":"internal error in the batch worker"}', None)
+        served[client] += time.perf_counter() - t0
         if answer is not None:
             jobs.popleft()
             head, payload = _frame((job, answer.status, answer.stats), answer.body)
             sock.sendall(head)
             sock.sendall(payload)
-        if jobs:
-            turn.append(client)
-        else:
-            del queues[client]
+            if not jobs:
+                del queues[client], served[client]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,8 +29,10 @@ back): this module does not import FastAPI, so the batch worker process can use 
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import Counter
+from collections.abc import Generator
 from operator import itemgetter
 from typing import Any
 
@@ -259,60 +261,86 @@ def _is_number(v: Any) -> bool:
     return (type(v) is float or type(v) is int) and -2**63 <= v < 2**63
 
 
-def _rows_array(rows: list, defaults: dict[str, float], counts: dict[int, int]) -> np.ndarray:
-    """The rows as raw values ``[n, OBS_DIM]`` in :data:`OBSERVATION_NAMES` order, the optional
-    fields filled from ``defaults``; :class:`BodyErrors` as pydantic's validation would raise
-    them (see the module docstring, step 3)."""
+def _rows_fast(rows: list, defaults: dict[str, float]) -> tuple[np.ndarray, int, int] | None:
+    """The rows as raw values ``[n, OBS_DIM]`` when every row is an object of known fields with
+    the required ones, and every value a finite number within its bounds (then also the count of
+    the letters ``u`` and ``l`` in their keys, to check against the body's: a boolean value
+    passes the array's checks as 1 or 0); None otherwise (:func:`_rows_array` names what)."""
     n = len(rows)
-    if n == 0:
-        return np.empty((0, OBS_DIM))
-    first_bad = n  # the first row the array checks refuse
     try:
         full = sum(map(len, rows)) == n * OBS_DIM
         tuples = list(map(_row, rows)) if full else None
     except (TypeError, KeyError):  # a row that is not an object, or lacks a field
         tuples = None
-    letters_u = letters_l = 0
     if tuples is not None:  # every row holds every field, and no other (n * OBS_DIM keys)
         u, ll = _FULL_LETTERS
         letters_u, letters_l = n * u, n * ll
     else:
         tuples = []
-        for i, row in enumerate(rows):
+        letters_u = letters_l = 0
+        for row in rows:
             if type(row) is not dict:
-                first_bad = i
-                break
+                return None
             keys = row.keys()
             if len(row) == OBS_DIM and keys == _NAMES:
                 tuples.append(_row(row))
             elif _REQUIRED <= keys and keys <= _NAMES:
                 tuples.append(_row({**defaults, **row}))
             else:
-                first_bad = i
-                break
+                return None
             for name in keys:
                 u, ll = _NAME_LETTERS[name]
                 letters_u += u
                 letters_l += ll
-    if first_bad == n:
-        try:
-            x = np.array(tuples)
-        except (OverflowError, ValueError):
-            x = np.empty(0, dtype=object)
-        if x.dtype.kind not in "fi" or x.shape != (n, OBS_DIM):
-            first_bad = next((i for i, t in enumerate(tuples)
-                              if not all(map(_is_number, t))), 0)
-        elif (counts.get(ord("u"), letters_u) != letters_u + _ENVELOPE_LETTERS[0]
-              or counts.get(ord("l"), letters_l) != letters_l + _ENVELOPE_LETTERS[1]):
-            # a true or a false: numpy took it for 1 or 0
-            first_bad = next((i for i, t in enumerate(tuples)
-                              if any(type(v) is bool for v in t)), 0)
-        else:
-            x = x.astype(np.float64, copy=False)
-            bad = ~(np.isfinite(x) & (x >= _LOW) & (x <= _HIGH)).all(axis=1)
-            if not bad.any():
-                return x
-            first_bad = int(np.argmax(bad))
+    if n == 0:
+        return np.empty((0, OBS_DIM)), 0, 0
+    try:
+        x = np.array(tuples)
+    except (OverflowError, ValueError):
+        return None
+    if x.dtype.kind not in "fi" or x.shape != (n, OBS_DIM):
+        return None
+    x = x.astype(np.float64, copy=False)
+    if not (np.isfinite(x) & (x >= _LOW) & (x <= _HIGH)).all():
+        return None
+    return x, letters_u, letters_l
+
+
+def _letters_agree(counts: dict[int, int], letters_u: int, letters_l: int) -> bool:
+    return (counts.get(ord("u"), letters_u + _ENVELOPE_LETTERS[0])
+            == letters_u + _ENVELOPE_LETTERS[0]
+            and counts.get(ord("l"), letters_l + _ENVELOPE_LETTERS[1])
+            == letters_l + _ENVELOPE_LETTERS[1])
+
+
+def _rows_array(rows: list, defaults: dict[str, float], counts: dict[int, int]) -> np.ndarray:
+    """The rows as raw values ``[n, OBS_DIM]`` in :data:`OBSERVATION_NAMES` order, the optional
+    fields filled from ``defaults``; :class:`BodyErrors` as pydantic's validation would raise
+    them (see the module docstring, step 3)."""
+    fast = _rows_fast(rows, defaults)
+    if fast is not None and _letters_agree(counts, fast[1], fast[2]):
+        return fast[0]
+    return _rows_by_pydantic(rows, defaults)
+
+
+def _rows_by_pydantic(rows: list, defaults: dict[str, float]) -> np.ndarray:
+    """What pydantic says of rows the array checks refused: the errors of the first rows it
+    refuses, from the chunk of the first row the checks found wrong (pydantic stops at the first
+    chunk with errors), or, when it finds nothing wrong, the rows it validated."""
+    n = len(rows)
+    first_bad = 0
+    for i, row in enumerate(rows):
+        if type(row) is not dict or not (_REQUIRED <= row.keys() <= _NAMES):
+            first_bad = i
+            break
+        values = row.values()
+        if not all(map(_is_number, values)) or any(type(v) is bool for v in values):
+            first_bad = i
+            break
+        x = np.array([_row({**defaults, **row})], dtype=np.float64)
+        if not (np.isfinite(x) & (x >= _LOW) & (x <= _HIGH)).all():
+            first_bad = i
+            break
     start = first_bad - first_bad % VALIDATE_ROWS
     valid = _validate_rows(rows[start:], (_BATCH_KEY,), _Errors(), offset=start)
     if start:  # pydantic found nothing wrong where the array checks did: it has the last word
@@ -341,14 +369,96 @@ def parse_observation(body: bytes) -> Any:
     return observation
 
 
-def parse_batch(body: bytes, defaults: dict[str, float]) -> np.ndarray:
-    """The raw rows ``[n, OBS_DIM]`` of a ``POST /v1/decide/batch`` body, in
-    :data:`OBSERVATION_NAMES` order, the optional fields a row leaves out filled from
-    ``defaults`` (:func:`runtime.observation.field_defaults`); raises :class:`BodyErrors`."""
+SLICE_BYTES = 256 * 1024
+"""a valid batch body over this size is parsed this much at a time (about 256 rows), so that
+the batch worker can take turns between clients' batches between slices"""
+SLICE_ROWS = 256
+"""rows put into the array at a time, in the same stages"""
+_SPACE = b" \t\r\n"
+
+
+def _row_slices(body: bytes, counts: dict[int, int]) -> list[bytes] | None:
+    """The rows of a batch body whose byte counts are a valid body's, cut into JSON lists of
+    about :data:`SLICE_BYTES` each, at the ``}`` that end its rows; None when the body's
+    envelope is not plainly ``{"observations": [...]}`` or its ``}`` are not one a row (then it
+    is parsed whole). A cut inside a key would leave a slice with an odd number of quotes, which
+    does not parse: slices that all parse hold exactly the body's rows."""
+    start, end = body.find(b"["), body.rfind(b"]")
+    if (start < 0 or body[:start].translate(None, _SPACE) != b'{"' + _BATCH_KEY.encode() + b'":'
+            or body[end + 1:].translate(None, _SPACE) != b"}"):
+        return None
+    ends = (np.flatnonzero(np.frombuffer(body, dtype=np.uint8)[start:end] == ord("}"))
+            + start).tolist()
+    if len(ends) != counts[ord("{")] - 1:
+        return None
+    slices = []
+    a = start + 1
+    last = ends[-1] if ends else start
+    while a <= last:
+        k = bisect.bisect_left(ends, a + SLICE_BYTES)
+        b = ends[min(k, len(ends) - 1)]
+        slices.append(b"[" + body[a:b + 1] + b"]")
+        comma = body.find(b",", b + 1, end)
+        a = comma + 1 if comma >= 0 else end
+    return slices
+
+
+def batch_rows_stages(body: bytes, defaults: dict[str, float]
+                      ) -> Generator[None, None, np.ndarray]:
+    """:func:`parse_batch` in stages, yielding between them: a large valid body is parsed
+    :data:`SLICE_BYTES` at a time and put into the array :data:`SLICE_ROWS` at a time (each
+    stage a few milliseconds); anything that is not plainly valid is parsed whole for its
+    errors, with the same answer."""
     if not body:
         _missing_body()
     counts, problem = _refuse_what_cannot_be_valid(body, 1)
-    value = _parse(body)
+    slices = (_row_slices(body, counts) if problem is None and len(body) > SLICE_BYTES
+              else None)
+    rows: list | None = None
+    if slices is not None:
+        yield
+        rows = []
+        for piece in slices:
+            try:
+                rows.extend(pydantic_core.from_json(piece))
+            except ValueError:
+                rows = None
+                break
+            yield
+    if rows is None:
+        rows = _envelope_rows(_parse(body))
+    elif len(rows) > MAX_BATCH:
+        raise _one_error((_BATCH_KEY,), f"List should have at most {MAX_BATCH} items after "
+                         f"validation, not {len(rows)}", "too_long")
+    if slices is not None and len(rows) > SLICE_ROWS:
+        parts: list[np.ndarray] | None = []
+        letters_u = letters_l = 0
+        for a in range(0, len(rows), SLICE_ROWS):
+            fast = _rows_fast(rows[a:a + SLICE_ROWS], defaults)
+            if fast is None:
+                parts = None
+                break
+            parts.append(fast[0])  # type: ignore[union-attr]
+            letters_u += fast[1]
+            letters_l += fast[2]
+            yield
+        x = (np.concatenate(parts) if parts is not None
+             and _letters_agree(counts, letters_u, letters_l)
+             else _rows_by_pydantic(rows, defaults))
+    else:
+        x = _rows_array(rows, defaults, counts)
+    if 1 + sum(map(len, rows)) != counts[ord(":")]:
+        # every value is a number: the parser kept one of a key given twice
+        i, name = _find_repeated_row(body, rows)
+        raise _repeated_key_error((_BATCH_KEY, i) if i >= 0 else (_BATCH_KEY,), name)
+    if problem is not None:
+        raise _shape_error(problem, 1)
+    return x
+
+
+def _envelope_rows(value: Any) -> list:
+    """The observations of a parsed batch body; the envelope's errors (not an object, a missing
+    or extra key, not a list, too long) raised."""
     errors = _Errors()
     if not isinstance(value, dict):
         errors.add((), "Input should be a valid dictionary", "dict_type")
@@ -369,14 +479,19 @@ def parse_batch(body: bytes, defaults: dict[str, float]) -> np.ndarray:
         errors.add((_BATCH_KEY,), "Input should be a valid list", "list_type")
     errors.raise_if_any()
     assert isinstance(rows, list)  # every other case raised above
-    x = _rows_array(rows, defaults, counts)
-    if 1 + sum(map(len, rows)) != counts[ord(":")]:
-        # every value is a number: the parser kept one of a key given twice
-        i, name = _find_repeated_row(body, rows)
-        raise _repeated_key_error((_BATCH_KEY, i) if i >= 0 else (_BATCH_KEY,), name)
-    if problem is not None:
-        raise _shape_error(problem, 1)
-    return x
+    return rows
+
+
+def parse_batch(body: bytes, defaults: dict[str, float]) -> np.ndarray:
+    """The raw rows ``[n, OBS_DIM]`` of a ``POST /v1/decide/batch`` body, in
+    :data:`OBSERVATION_NAMES` order, the optional fields a row leaves out filled from
+    ``defaults`` (:func:`runtime.observation.field_defaults`); raises :class:`BodyErrors`."""
+    stages = batch_rows_stages(body, defaults)
+    while True:
+        try:
+            next(stages)
+        except StopIteration as done:
+            return done.value
 
 
 def _missing_body() -> Any:

@@ -108,14 +108,19 @@ class _Guard:
         registry.idle[self] = None
         while len(registry.open) > self.limits.max_connections:
             victim = next((c for c in registry.idle if c is not self), None)
-            if victim is None:  # every other connection has a request in progress
-                victim = self
+            registry.evicted += 1
+            if victim is None:  # every other connection has a request in progress: refuse
+                registry.open.discard(self)
+                registry.idle.pop(self, None)
+                self._refusal = _response(
+                    503, "Service Unavailable",
+                    f"the server has {len(registry.open)} connections with requests in "
+                    "progress, its limit (BATCHPILOT_MAX_CONNECTIONS); retry shortly")
+                self._send_refusal()
+                break
             registry.open.discard(victim)
             registry.idle.pop(victim, None)
-            registry.evicted += 1
             victim.transport.close()
-            if victim is self:
-                break
 
     def _guard_end(self) -> None:
         self._disarm_header_timer()
