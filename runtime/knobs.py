@@ -208,9 +208,10 @@ def action_to_knobs(action) -> Knobs:
         float(_S_LOW if k < _S_LOW else _S_HIGH if k > _S_HIGH else k))
 
 
-def actions_to_knobs(actions: np.ndarray) -> list[Knobs]:
-    """:func:`action_to_knobs` for ``[n, NUM_KNOBS]`` finite actions at once (the REST batch
-    route)."""
+def actions_to_columns(actions: np.ndarray) -> tuple[np.ndarray, ...]:
+    """:func:`action_to_knobs` for ``[n, NUM_KNOBS]`` finite actions at once, as one float64
+    array per knob (the chunk's as int64), in :data:`KNOB_NAMES` order (the REST batch route
+    answers from these without building a :class:`Knobs` a row)."""
     a = np.clip(np.asarray(actions, dtype=np.float64), -1.0, 1.0)
     if a.ndim != 2 or a.shape[1] != NUM_KNOBS:
         raise ValueError(f"actions have shape [n, {NUM_KNOBS}], got {list(a.shape)}")
@@ -225,9 +226,13 @@ def actions_to_knobs(actions: np.ndarray) -> list[Knobs]:
     share = np.clip(np.round((_B.low + u[:, 3] * _B_SPAN) * _B_PER) / _B_PER, _B.low, _B.high)
     slack = np.clip(np.round(np.exp(_S_LOG_LOW + u[:, 4] * _S_LOG_SPAN) * _S_PER) / _S_PER,
                     _S.low, _S.high)
+    return window, chunk, ratio, share, slack
+
+
+def actions_to_knobs(actions: np.ndarray) -> list[Knobs]:
+    """:func:`action_to_knobs` for ``[n, NUM_KNOBS]`` finite actions at once."""
     trusted = Knobs._trusted
-    return [trusted(*k) for k in zip(window.tolist(), chunk.tolist(), ratio.tolist(),
-                                     share.tolist(), slack.tolist())]
+    return [trusted(*k) for k in zip(*(c.tolist() for c in actions_to_columns(actions)))]
 
 
 def knobs_to_action(knobs: Knobs) -> tuple[float, ...]:

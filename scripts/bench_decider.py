@@ -63,13 +63,17 @@ from runtime.observation import (
 
 BATCH_SIZE = 256
 GOALS = {  # key: (comparison, bound)
-    "ratio_p50": ("<=", 1.5),
-    "decide_p99_us": ("<=", 50.0),
+    "ratio_p50": ("<=", 1.2),
+    "decide_p99_us": ("<=", 30.0),
     "rest_p99_ms": ("<=", 2.5),
-    "batch_decisions_per_s": (">=", 50_000.0),
+    "batch_decisions_per_s": (">=", 100_000.0),
     "load_errors": ("<=", 0),
     "reload_window_errors": ("<=", 0),
 }
+"""The decider's own targets: a decision within 1.2x of the same MLP in plain numpy at the
+median and 30 us at the 99th percentile, a REST round trip under 2.5 ms at p99, the batch route
+at 100,000 decisions a second (256 a request), and no failed request under load or across a
+reload."""
 
 
 # ---------------------------------------------------------------------------------------- setup
@@ -447,8 +451,13 @@ def bench_load(url: str, bodies: list[bytes], token: str, reload_name: str, rate
 
     def reload() -> None:
         t0 = time.perf_counter()
-        r = httpx.post(url + "/v1/policy/reload", json={"name": reload_name},
-                       headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        try:
+            r = httpx.post(url + "/v1/policy/reload", json={"name": reload_name},
+                           headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        except httpx.TransportError as e:  # an overloaded machine: report it, do not stop
+            reload_info.update(status=0, t0=t0, t1=time.perf_counter(),
+                               version=f"{type(e).__name__}: {e}")
+            return
         reload_info.update(status=r.status_code, t0=t0, t1=time.perf_counter(),
                            version=r.json().get("policy", {}).get("policy_version")
                            if r.status_code == 200 else r.text[:200])

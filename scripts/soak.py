@@ -1,27 +1,43 @@
 """Soak the REST server under good and hostile clients, all on loopback, and report what the good
 clients saw.
 
-    python scripts/soak.py --duration-s 600 --json
+    python scripts/soak.py --duration-s 600 --json                  # every attack, mixed
+    python scripts/soak.py --each --rounds 3 --segment-s 15 --json  # one attack at a time
 
-Starts ``python -m runtime.server`` on a free loopback port (the shipped policy, default
-settings), then runs good clients (``POST /v1/decide`` one after another on a keep-alive
-connection, every tenth request a 64-row batch) for the whole run, and hostile clients in
-alternate segments: after a warm-up, ``--segment-s`` without them, ``--segment-s`` with them,
-and so on, so that both conditions see the same noise of a shared machine. Each hostile client
-cycles through the worst inputs found by probing the server:
+Starts ``python -m runtime.server`` on a free loopback port (the shipped policy, a reload token,
+a policy folder that also holds the files the reload attacks name), then runs good clients for
+the whole run and hostile clients in alternate segments: after a warm-up, ``--segment-s``
+without them, ``--segment-s`` with them, and so on, so that both conditions see the same noise
+of a shared machine. A good client sends single decisions at ``--good-rate`` a second on a
+keep-alive connection (0: back to back), every tenth request a 64-row batch. Each hostile
+client cycles through the attacks (``--attacks``; with ``--each``, every segment with hostile
+clients runs one attack, each attack ``--rounds`` times, in turn), the worst inputs found by
+probing the server:
 
-- 4,096 empty rows to ``/v1/decide/batch`` (16 KB; 81,920 validation errors before hardening);
-- 4,096 rows of 20 string values to ``/v1/decide/batch`` (2 MB);
-- one observation with 380k unknown keys to ``/v1/decide`` (4 MB);
-- a batch as ``text/plain``;
-- a connection that sends half its headers and stops, and one that sends a tenth of its body
-  and stops (at most ``--max-open`` of each per client, left for the server's timeouts to close).
+- ``empty_rows``: 4,096 empty rows to ``/v1/decide/batch`` (16 KB; 81,920 validation errors
+  before the first hardening); ``string_rows``: 4,096 rows of 29 string values (2 MB);
+  ``extra_keys``: one observation with 380k unknown keys (4 MB); ``text_plain``: a batch as
+  ``text/plain``; ``repeated_key``: an observation with ``ooms`` twice;
+- ``at_cap``: valid 4,096-row batches of ~4 MB, back to back;
+- ``big_header``: one header of up to 96 MB in 64 KB writes, then a valid body;
+  ``many_headers``: 5,000 header lines; ``pipelined``: five good requests, ``GARBAGE`` and five
+  more in one write;
+- ``slow``: connections that send half their head, or a tenth of their body, and stop (at most
+  ``--max-open`` of each per client, left for the server's timeouts to close); ``silent``:
+  ``--silent`` connections that send nothing, opened again as the server closes them;
+- ``reload_huge``: reloads of a 200 MB sparse file; ``reload_limit``: of a file one byte under
+  the size limit; ``reload_outside``: of a symlink out of the folder (all with the token);
+  ``reload_no_token``: a 4 MB body and a malformed one without it.
 
-Every count is bounded: the clients, the open slow connections, the run's duration. Reports the
-good clients' decision latency (p50, p99) without and with the hostile clients and their ratio,
-every good answer that was not a 200 (5xx counted apart), the hostile answers by status, and the
-server's resident memory: its slope after the warm-up (a least-squares line through one sample a
-second) in MiB per minute.
+Every count is bounded: the clients, the open connections, the run's duration. ``--pin`` puts
+the server's event loop and the good clients on the first CPU and the hostile clients on the
+last (where the machine has two or more), so that the hostile clients' own CPU competes with
+neither, as if they ran elsewhere (the batch worker keeps every CPU). Reports the
+good clients' decision latency (p50, p99) without and with the hostile clients and their ratio
+(per attack with ``--each``, with the spread over rounds), every good answer that was not a 200
+(5xx counted apart), the hostile answers by status, and the server's resident memory (its
+process and its batch worker's): the slope after the warm-up (a least-squares line through one
+sample a second) in MiB per minute, and the peak.
 """
 
 from __future__ import annotations
@@ -31,6 +47,7 @@ import http.client
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,6 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.locations import shipped_policy_dir
 from runtime.observation import OBSERVATION_NAMES, example_fields
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +67,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 OBSERVATION = example_fields()
 JSON = {"content-type": "application/json"}
+TOKEN = "soak-reload-token"
+CAP_BYTES = 4 * 2**20
+"""the server's default ``BATCHPILOT_MAX_BODY_BYTES``: the at-cap batches stay under it"""
 
 
 def free_port() -> int:
@@ -57,26 +78,61 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rss_bytes(pid: int) -> int:
+def _status_field(pid: int, field: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    raise RuntimeError(f"no {field} for process {pid}")
+
+
+def server_processes(pid: int) -> list[int]:
+    """The server and its children (the batch worker)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [pid, *map(int, f.read().split())]
+    except OSError:
+        return [pid]
+
+
+def rss_bytes(pid: int) -> tuple[int, int]:
+    """(resident, peak resident) bytes of the server and its children, summed."""
+    rss = peak = 0
+    for p in server_processes(pid):
+        try:
+            rss += _status_field(p, "VmRSS")
+            peak += _status_field(p, "VmHWM")
+        except (OSError, RuntimeError):
+            pass  # a child that exited between the listing and the read
+    return rss, peak
+
+
+def _pin(cpus: set[int] | None) -> None:
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
 
 
 # ------------------------------------------------------------------------------------ clients
-def good_client(port: int, segment: mp.Value, stop: mp.Event, out: mp.Queue) -> None:
-    """Decide one observation after another; latencies by segment, statuses counted."""
+def good_client(port: int, segment: mp.Value, stop: mp.Event, rate: float,
+                cpus: set[int] | None, out: mp.Queue) -> None:
+    """Decide one observation after another at ``rate`` a second (0: back to back); latencies
+    by segment (single decisions and batches apart), statuses counted."""
+    _pin(cpus)
     one = json.dumps(OBSERVATION).encode()
     batch = json.dumps({"observations": [OBSERVATION] * 64}).encode()
     latencies: dict[int, array] = {}
+    batch_latencies: dict[int, array] = {}
     statuses: dict[int, int] = {}
     errors: dict[str, int] = {}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     k = 0
+    t_start = time.perf_counter()
     while not stop.is_set():
         k += 1
+        if rate > 0:
+            delay = t_start + k / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
         is_batch = k % 10 == 0
         t0 = time.perf_counter()
         try:
@@ -92,34 +148,83 @@ def good_client(port: int, segment: mp.Value, stop: mp.Event, out: mp.Queue) -> 
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         elapsed = time.perf_counter() - t0
         statuses[status] = statuses.get(status, 0) + 1
-        if not is_batch and status == 200:
-            latencies.setdefault(segment.value, array("d")).append(elapsed)
+        if status == 200:
+            target = batch_latencies if is_batch else latencies
+            target.setdefault(segment.value, array("d")).append(elapsed)
     statuses.update({f"0 ({name})": n for name, n in errors.items()})
-    out.put(("good", {s: a.tobytes() for s, a in latencies.items()}, statuses))
+    out.put(("good", {s: a.tobytes() for s, a in latencies.items()},
+             {s: a.tobytes() for s, a in batch_latencies.items()}, statuses))
 
 
-def _send(port: int, payload: bytes) -> int:
-    """One request on a fresh connection; the status (0 when there was none)."""
+def _read_status(s: socket.socket) -> int:
+    try:
+        head = s.recv(64)
+    except OSError:
+        return 0
+    return int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else 0
+
+
+def _send(port: int, payload: bytes | list[bytes]) -> int:
+    """One request on a fresh connection (a list: written piece by piece, until the server
+    stops reading); the first answer's status (0 when there was none)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
             try:
-                s.sendall(payload)
+                for piece in ([payload] if isinstance(payload, bytes) else payload):
+                    s.sendall(piece)
             except OSError:
-                pass  # refused before the whole body was sent (413): read the answer
-            head = s.recv(64)
-        return int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else 0
+                pass  # refused before the whole request was sent (413, 431): read the answer
+            return _read_status(s)
     except OSError:
         return 0
 
 
-def _request(path: str, body: bytes, content_type: bytes = b"application/json") -> bytes:
+def _request(path: str, body: bytes, content_type: bytes = b"application/json",
+             extra: bytes = b"") -> bytes:
     return (f"POST {path} HTTP/1.1\r\nHost: soak\r\nContent-Length: {len(body)}\r\n".encode()
-            + b"Content-Type: " + content_type + b"\r\nConnection: close\r\n\r\n" + body)
+            + b"Content-Type: " + content_type + b"\r\nConnection: close\r\n" + extra + b"\r\n"
+            + body)
 
 
-def attack_requests() -> dict[str, bytes]:
-    """The hostile requests by name."""
+def _at_cap_batch() -> bytes:
+    """A valid batch of 4,096 rows of full-precision values, just under the body limit."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(4096):
+        row = {k: float(v) * (1 + float(rng.uniform(0, 1e-3))) for k, v in OBSERVATION.items()}
+        for k in ("kv_utilization", "kv_fragmentation", "slo_attainment", "kv_utilization_prev",
+                  "batch_deadline_margin", "cotenant_demand_fraction", "kv_cache_ratio",
+                  "batch_share"):
+            row[k] = min(row[k], OBSERVATION[k])
+        for k in ("batch_window_ms", "prefill_chunk_tokens", "admission_slack"):
+            row[k] = OBSERVATION[k]
+        rows.append(row)
+    body = json.dumps({"observations": rows}).encode()
+    if len(body) > CAP_BYTES:  # trim the digits until it fits
+        body = json.dumps({"observations": [{k: round(v, 12) for k, v in r.items()}
+                                            for r in rows]}).encode()
+    return body
+
+
+def _big_header() -> list[bytes]:
+    body = json.dumps(OBSERVATION).encode()
+    return ([b"POST /v1/decide HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\n"
+             b"Content-Length: %d\r\nX-Big: " % len(body)]
+            + [b"a" * 65536] * (96 * 16) + [b"\r\n\r\n" + body])
+
+
+def _reload(body: bytes, token: bool = True) -> bytes:
+    auth = f"Authorization: Bearer {TOKEN}\r\n".encode() if token else b""
+    return _request("/v1/policy/reload", body, extra=auth)
+
+
+def attack_requests() -> dict[str, bytes | list[bytes]]:
+    """The hostile requests by name (the connection attacks, ``slow`` and ``silent``, are the
+    clients' own)."""
     strings = json.dumps({"observations": [dict.fromkeys(OBSERVATION_NAMES, "x")] * 4096})
+    one = json.dumps(OBSERVATION).encode()
+    good = (b"POST /v1/decide HTTP/1.1\r\nHost: soak\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(one) + one)
     return {
         "empty_rows": _request("/v1/decide/batch",
                                json.dumps({"observations": [{}] * 4096}).encode()),
@@ -128,48 +233,84 @@ def attack_requests() -> dict[str, bytes]:
                                json.dumps({f"x{i}": 0 for i in range(380_000)}).encode()),
         "text_plain": _request("/v1/decide/batch",
                                json.dumps({"observations": [OBSERVATION]}).encode(), b"text/plain"),
+        "repeated_key": _request("/v1/decide", one[:-1] + b', "ooms": 3}'),
+        "at_cap": _request("/v1/decide/batch", _at_cap_batch()),
+        "big_header": _big_header(),
+        "many_headers": (b"GET /healthz HTTP/1.1\r\nHost: soak\r\n"
+                         + b"".join(b"X-%d: 1\r\n" % i for i in range(5000)) + b"\r\n"),
+        "pipelined": good * 5 + b"GARBAGE\r\n\r\n" + good * 5,
+        "reload_huge": _reload(b'{"name": "huge.onnx"}'),
+        "reload_limit": _reload(b'{"name": "limit.onnx"}'),
+        "reload_outside": _reload(b'{"name": "outside.onnx"}'),
+        "reload_no_token": [_reload(b"x" * CAP_BYTES, token=False)[:-CAP_BYTES],
+                            b"x" * CAP_BYTES],
     }
 
 
-ATTACKS = ("empty_rows", "string_rows", "extra_keys", "text_plain", "slow")
-"""every attack's name (``slow``: the half-sent headers and bodies)"""
+CONNECTION_ATTACKS = ("slow", "silent")
+ATTACKS = ("empty_rows", "string_rows", "extra_keys", "text_plain", "repeated_key", "at_cap",
+           "big_header", "many_headers", "pipelined", "reload_huge", "reload_limit",
+           "reload_outside", "reload_no_token", "slow", "silent")
+"""every attack's name"""
 
 
-def hostile_client(port: int, active: mp.Event, stop: mp.Event, max_open: int,
-                   attack_names: tuple[str, ...], out: mp.Queue) -> None:
-    """Cycle through the chosen attacks while ``active``; statuses counted."""
+def hostile_client(port: int, active: mp.Value, stop: mp.Event, max_open: int, silent: int,
+                   attack_names: tuple[str, ...], cpus: set[int] | None,
+                   out: mp.Queue) -> None:
+    """While ``active`` holds an index into ``attack_names`` (-2: all of them in turn; -1:
+    none), run those attacks; statuses counted by attack."""
+    _pin(cpus)
     requests = attack_requests()
-    attacks = [requests[a] for a in attack_names if a != "slow"]
-    with_slow = "slow" in attack_names
-    statuses: dict[int, int] = {}
+    statuses: dict[str, dict[int, int]] = {}
+    times: dict[str, array] = {}
     slow: list[socket.socket] = []
+    idle: list[socket.socket] = []
     k = 0
     while not stop.is_set():
-        if not active.is_set():
-            for s in slow:
+        which = active.value
+        if which == -1:
+            for s in slow + idle:
                 s.close()
             slow.clear()
+            idle.clear()
             time.sleep(0.05)
             continue
+        names = attack_names if which == -2 else (attack_names[which],)
+        if "silent" not in names and idle:
+            for s in idle:
+                s.close()
+            idle.clear()
         k += 1
-        if with_slow and (k % 5 == 0 or not attacks):  # a slow connection, up to max_open
+        name = names[k % len(names)]
+        if name == "slow":  # a slow connection, up to max_open
             slow = [s for s in slow if _still_open(s)]
             if len(slow) < max_open:
                 try:
                     s = socket.create_connection(("127.0.0.1", port), timeout=5)
-                    s.sendall(_request("/v1/decide", b"x" * 900)[:60] if k % 10 else
+                    s.sendall(_request("/v1/decide", b"x" * 900)[:60] if k % 2 else
                               _request("/v1/decide", b"{" * 900)[:-800])
                     slow.append(s)
                 except OSError:
                     pass
-            if not attacks:
-                time.sleep(0.1)
+            time.sleep(0.02 if len(names) > 1 else 0.1)
             continue
-        status = _send(port, attacks[k % len(attacks)])
-        statuses[status] = statuses.get(status, 0) + 1
-    for s in slow:
+        if name == "silent":  # keep `silent` connections open that have sent nothing
+            idle = [s for s in idle if _still_open(s)]
+            while len(idle) < silent:
+                try:
+                    idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+                except OSError:
+                    break
+            time.sleep(0.02 if len(names) > 1 else 0.2)
+            continue
+        t0 = time.perf_counter()
+        status = _send(port, requests[name])
+        times.setdefault(name, array("d")).append(time.perf_counter() - t0)
+        by_status = statuses.setdefault(name, {})
+        by_status[status] = by_status.get(status, 0) + 1
+    for s in slow + idle:
         s.close()
-    out.put(("hostile", None, statuses))
+    out.put(("hostile", {n: a.tobytes() for n, a in times.items()}, None, statuses))
 
 
 def _still_open(s: socket.socket) -> bool:
@@ -185,41 +326,91 @@ def _still_open(s: socket.socket) -> bool:
 
 
 # ------------------------------------------------------------------------------------ the run
+def limit_file(size: int) -> bytes:
+    """``size`` bytes whose top-level protobuf fields are an ONNX model's (a version, and a
+    graph field over the rest, all zeros): the cheap check of a policy file lets it through, and
+    onnxruntime has to copy and parse it to refuse it, the costliest refusal a reload can get."""
+    head = b"\x08\x07\x3a"  # ir_version 7; field 7 (the graph), length-delimited
+    length = size - len(head) - 4
+    varint = bytes([(length >> s) & 0x7F | (0x80 if k < 3 else 0)
+                    for k, s in enumerate((0, 7, 14, 21))])
+    return head + varint + b"\0" * length
+
+
+def _policy_folder(folder: Path) -> None:
+    """The shipped policy, and the files the reload attacks name: a 200 MB sparse file, one
+    a byte under the default size limit that passes the cheap check (:func:`limit_file`), and
+    a symlink out of the folder."""
+    from runtime.decider.onnx_policy import DEFAULT_MAX_POLICY_BYTES
+
+    shutil.copy(shipped_policy_dir() / "policy.onnx", folder / "policy.onnx")
+    with open(folder / "huge.onnx", "wb") as f:
+        f.truncate(200 * 2**20)
+    (folder / "limit.onnx").write_bytes(limit_file(DEFAULT_MAX_POLICY_BYTES - 1))
+    outside = folder.parent / "outside-target.onnx"
+    shutil.copy(shipped_policy_dir() / "policy.onnx", outside)
+    (folder / "outside.onnx").symlink_to(outside)
+
+
 def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostile: int,
-         max_open: int, attacks: tuple[str, ...] = ATTACKS) -> dict:
+         max_open: int, attacks: tuple[str, ...] = ATTACKS, each: bool = False,
+         good_rate: float = 100.0, silent: int = 260, pin: bool = False,
+         rounds: int = 1, repo: Path = REPO) -> dict:
+    if each:  # every attack its rounds, each between two segments without hostile clients
+        duration_s = max(duration_s, each_duration(warmup_s, segment_s, len(attacks), rounds))
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(REPO), BATCHPILOT_PORT=str(port),
-               BATCHPILOT_HOST="127.0.0.1", BATCHPILOT_LOG_LEVEL="warning")
+    tmp = tempfile.TemporaryDirectory(prefix="batchpilot-soak-")
+    folder = Path(tmp.name) / "policies"
+    folder.mkdir()
+    _policy_folder(folder)
+    env = dict(os.environ, PYTHONPATH=str(repo), BATCHPILOT_PORT=str(port),
+               BATCHPILOT_HOST="127.0.0.1", BATCHPILOT_LOG_LEVEL="warning",
+               BATCHPILOT_POLICY_DIR=str(folder), BATCHPILOT_RELOAD_TOKEN=TOKEN)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pinned = pin and len(cpus) >= 2
+    # hostile clients away from the server's loop; good clients beside it (they and the loop
+    # take turns, and they must not wait for the CPU behind the hostile clients' own work)
+    server_cpus, hostile_cpus = ({cpus[0]}, {cpus[-1]}) if pinned else (None, None)
     # the server's log goes to a file: a pipe nobody reads fills up and blocks the server
     log = tempfile.TemporaryFile(mode="w+b")
-    server = subprocess.Popen([sys.executable, "-m", "runtime.server"], cwd=REPO, env=env,
+    server = subprocess.Popen([sys.executable, "-m", "runtime.server"], cwd=repo, env=env,
                               stdout=log, stderr=subprocess.STDOUT)
+    load_start = os.getloadavg()[0]
     try:
         _wait_healthy(port, server)
+        if server_cpus:  # the event loop's thread (the main one); the worker keeps every CPU
+            os.sched_setaffinity(server.pid, server_cpus)
         segment = mp.Value("i", -1)
-        active, stop, out = mp.Event(), mp.Event(), mp.Queue()
-        procs = [mp.Process(target=good_client, args=(port, segment, stop, out))
+        active = mp.Value("i", -1)
+        stop, out = mp.Event(), mp.Queue()
+        procs = [mp.Process(target=good_client,
+                            args=(port, segment, stop, good_rate, server_cpus, out))
                  for _ in range(good)]
         procs += [mp.Process(target=hostile_client,
-                             args=(port, active, stop, max_open, attacks, out))
+                             args=(port, active, stop, max_open, silent, attacks, hostile_cpus,
+                                   out))
                   for _ in range(hostile)]
         for p in procs:
             p.start()
         t0 = time.monotonic()
         memory: list[tuple[float, int]] = []
-        hostile_segments: list[int] = []
+        peak = 0
+        hostile_segments: dict[int, int] = {}  # segment index -> attack index (-2: all)
         while (t := time.monotonic() - t0) < duration_s:
             index = -1 if t < warmup_s else int((t - warmup_s) // segment_s)
             on = index >= 0 and index % 2 == 1
             if index != segment.value:
                 segment.value = index
                 if on:
-                    hostile_segments.append(index)
-                (active.set if on else active.clear)()
+                    hostile_segments[index] = (index // 2) % len(attacks) if each else -2
+                active.value = hostile_segments[index] if on else -1
             if t >= warmup_s:
-                memory.append((t, rss_bytes(server.pid)))
+                rss, hwm = rss_bytes(server.pid)
+                memory.append((t, rss))
+                peak = max(peak, hwm)
             time.sleep(1.0)
         stop.set()
+        active.value = -1
         results = [out.get(timeout=120) for _ in procs]
         for p in procs:
             p.join(timeout=30)
@@ -231,14 +422,26 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             server.kill()
+        tmp.cleanup()
     log.seek(0)
     text = log.read().decode(errors="replace")
     log.close()
-    report = _report(results, hostile_segments, memory, duration_s, warmup_s, segment_s, good,
-                     hostile)
-    return {**report, "attacks": list(attacks),
+    report = _report(results, hostile_segments, attacks, each, memory, peak)
+    return {"repo": str(repo), "duration_s": duration_s, "warmup_s": warmup_s,
+            "segment_s": segment_s,
+            "good_clients": good, "hostile_clients": hostile, "good_rate": good_rate,
+            "pinned": ({"server_loop_and_good_clients": sorted(server_cpus or ()),
+                        "hostile_clients": sorted(hostile_cpus or ())} if pinned else None),
+            "machine": {"cpus": len(cpus), "load_avg_1m_start": load_start,
+                        "load_avg_1m_end": os.getloadavg()[0]},
+            **report, "attacks": list(attacks), "each": each,
             "server_log_errors": sum(1 for line in text.splitlines()
                                      if line.startswith(("ERROR", "Traceback")))}
+
+
+def each_duration(warmup_s: float, segment_s: float, num_attacks: int, rounds: int) -> float:
+    """The run that gives each of ``num_attacks`` attacks ``rounds`` segments of its own."""
+    return warmup_s + (2 * num_attacks * rounds + 1) * segment_s
 
 
 def _tail(log) -> str:
@@ -246,7 +449,7 @@ def _tail(log) -> str:
     return log.read().decode(errors="replace")[-2000:]
 
 
-def _wait_healthy(port: int, server: subprocess.Popen, timeout_s: float = 60.0) -> None:
+def _wait_healthy(port: int, server: subprocess.Popen, timeout_s: float = 90.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -261,60 +464,112 @@ def _wait_healthy(port: int, server: subprocess.Popen, timeout_s: float = 60.0) 
     raise TimeoutError(f"the server did not answer /healthz within {timeout_s} s")
 
 
-def _report(results: list, hostile_segments: list[int], memory: list[tuple[float, int]],
-            duration_s: float, warmup_s: float, segment_s: float, good: int,
-            hostile: int) -> dict:
-    without, with_hostile = array("d"), array("d")
-    good_status: dict[int, int] = {}
-    hostile_status: dict[int, int] = {}
-    for kind, latencies, statuses in results:
-        target = good_status if kind == "good" else hostile_status
-        for s, n in statuses.items():
-            target[s] = target.get(s, 0) + n
-        for seg, raw in (latencies or {}).items():
-            if seg < 0:
-                continue  # the warm-up
-            a = array("d")
-            a.frombytes(raw)
-            (with_hostile if seg in hostile_segments else without).extend(a)
+def _pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q)) * 1e3 if len(a) else float("nan")
 
-    def pct(a: array, q: float) -> float:
-        return float(np.percentile(np.asarray(a), q)) * 1e3 if len(a) else float("nan")
 
+def _summary(without: np.ndarray, with_hostile: np.ndarray) -> dict:
+    p99_without, p99_with = _pct(without, 99), _pct(with_hostile, 99)
+    return {"decisions": {"without_hostile": len(without), "with_hostile": len(with_hostile)},
+            "p50_ms": {"without_hostile": _pct(without, 50),
+                       "with_hostile": _pct(with_hostile, 50)},
+            "p99_ms": {"without_hostile": p99_without, "with_hostile": p99_with},
+            "p99_ratio": p99_with / p99_without if p99_without > 0 else float("nan")}
+
+
+def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str, ...],
+            each: bool, memory: list[tuple[float, int]], peak: int) -> dict:
+    singles: dict[int, list] = {}
+    batches: dict[int, list] = {}
+    good_status: dict[int | str, int] = {}
+    hostile_status: dict[str, dict[str, int]] = {}
+    hostile_times: dict[str, list[float]] = {}
+    for kind, latencies, batch_latencies, statuses in results:
+        if kind == "good":
+            for s, n in statuses.items():
+                good_status[s] = good_status.get(s, 0) + n
+            for target, raw in ((singles, latencies), (batches, batch_latencies)):
+                for seg, b in raw.items():
+                    if seg >= 0:  # not the warm-up
+                        a = array("d")
+                        a.frombytes(b)
+                        target.setdefault(seg, []).extend(a)
+        else:
+            for attack, by_status in statuses.items():
+                merged = hostile_status.setdefault(attack, {})
+                for s, n in by_status.items():
+                    merged[str(s)] = merged.get(str(s), 0) + n
+            for attack, b in latencies.items():
+                a = array("d")
+                a.frombytes(b)
+                hostile_times.setdefault(attack, []).extend(a)
+
+    def pooled(target: dict[int, list], segs) -> np.ndarray:
+        return np.array([x for s in segs for x in target.get(s, [])])
+
+    off = [s for s in set(singles) | set(batches) if s not in hostile_segments]
+    on = list(hostile_segments)
+    out: dict = {"good": _summary(pooled(singles, off), pooled(singles, on)),
+                 "good_batches": _summary(pooled(batches, off), pooled(batches, on))}
+    if each:
+        per_attack = {}
+        for a, name in enumerate(attacks):
+            segs = [s for s, which in hostile_segments.items() if which == a]
+            rounds = []
+            for s in segs:  # against the segments without hostile clients either side
+                near = [x for x in (s - 1, s + 1) if x in singles and x not in hostile_segments]
+                r = _summary(pooled(singles, near), pooled(singles, [s]))["p99_ratio"]
+                rounds.append(r)
+            per_attack[name] = {**_summary(pooled(singles, off), pooled(singles, segs)),
+                                "p99_ratio_by_round": rounds,
+                                "hostile_status": hostile_status.get(name, {})}
+        out["per_attack"] = per_attack
     t = np.array([m[0] for m in memory])
     mib = np.array([m[1] for m in memory]) / 2**20
     slope = float(np.polyfit(t / 60.0, mib, 1)[0]) if len(t) > 2 else float("nan")
-    p99_without, p99_with = pct(without, 99), pct(with_hostile, 99)
-    return {
-        "duration_s": duration_s, "warmup_s": warmup_s, "segment_s": segment_s,
-        "good_clients": good, "hostile_clients": hostile,
-        "good_decisions": {"without_hostile": len(without), "with_hostile": len(with_hostile)},
-        "good_p50_ms": {"without_hostile": pct(without, 50), "with_hostile": pct(with_hostile, 50)},
-        "good_p99_ms": {"without_hostile": p99_without, "with_hostile": p99_with},
-        "good_p99_ratio": p99_with / p99_without if p99_without > 0 else float("nan"),
+    out.update({
         "good_status": {str(k): v for k, v in sorted(good_status.items(), key=str)},
         "good_5xx": sum(v for k, v in good_status.items() if isinstance(k, int) and k >= 500),
         "good_not_200": sum(v for k, v in good_status.items() if k != 200),
-        "hostile_status": {str(k): v for k, v in sorted(hostile_status.items())},
+        "hostile_status": hostile_status,
+        "hostile_answer_ms": {  # how long each hostile request took to be answered
+            name: {"p50": _pct(np.array(t), 50), "p99": _pct(np.array(t), 99),
+                   "max": max(t) * 1e3} for name, t in hostile_times.items() if t},
         "memory_mib": {"after_warmup": float(mib[0]) if len(mib) else None,
-                       "end": float(mib[-1]) if len(mib) else None},
+                       "end": float(mib[-1]) if len(mib) else None,
+                       "peak": peak / 2**20},
         "memory_slope_mib_per_min": slope,
-    }
+    })
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--duration-s", type=float, default=600.0, help="the whole run (600)")
+    ap.add_argument("--duration-s", type=float, default=None,
+                    help="the whole run (600; with --each, what the rounds need)")
     ap.add_argument("--warmup-s", type=float, default=30.0,
                     help="good clients alone before measuring (30)")
     ap.add_argument("--segment-s", type=float, default=20.0,
                     help="alternate segments without and with hostile clients (20)")
     ap.add_argument("--good-clients", type=int, default=2)
+    ap.add_argument("--good-rate", type=float, default=100.0,
+                    help="single decisions a second per good client (100; 0: back to back)")
     ap.add_argument("--hostile-clients", type=int, default=2)
     ap.add_argument("--max-open", type=int, default=8,
                     help="slow connections each hostile client keeps open at most (8)")
+    ap.add_argument("--silent", type=int, default=260,
+                    help="silent connections each hostile client keeps open (260)")
     ap.add_argument("--attacks", default=",".join(ATTACKS),
                     help=f"the hostile clients' inputs, comma-separated ({','.join(ATTACKS)})")
+    ap.add_argument("--each", action="store_true",
+                    help="one attack a segment, each --rounds times, reported apart")
+    ap.add_argument("--rounds", type=int, default=2, help="segments each attack gets (2)")
+    ap.add_argument("--pin", action="store_true",
+                    help="the server's event loop and the good clients on the first CPU, the "
+                         "hostile clients on the last")
+    ap.add_argument("--repo", type=Path, default=REPO,
+                    help="the checkout whose server is soaked (this one; another commit's "
+                         "worktree to compare)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args(argv)
     attacks = tuple(a.strip() for a in args.attacks.split(",") if a.strip())
@@ -323,31 +578,52 @@ def main(argv: list[str] | None = None) -> int:
         print(f"soak: --attacks takes names from {','.join(ATTACKS)}, got {args.attacks!r}",
               file=sys.stderr)
         return 2
-    if args.duration_s < args.warmup_s + 2 * args.segment_s:
+    duration = args.duration_s if args.duration_s is not None else 0.0 if args.each else 600.0
+    if args.each:
+        if args.rounds < 1:
+            print("soak: --rounds must be >= 1", file=sys.stderr)
+            return 2
+        duration = max(duration, each_duration(args.warmup_s, args.segment_s, len(attacks),
+                                               args.rounds))
+    if duration < args.warmup_s + 2 * args.segment_s:
         print("soak: --duration-s must cover the warm-up and one segment without and one with "
               "the hostile clients", file=sys.stderr)
         return 2
-    if min(args.good_clients, args.hostile_clients, args.max_open) < 0 or not args.good_clients:
-        print("soak: client counts must be >= 0, with at least one good client", file=sys.stderr)
+    if (min(args.good_clients, args.hostile_clients, args.max_open, args.silent) < 0
+            or not args.good_clients or args.good_rate < 0):
+        print("soak: client counts and the rate must be >= 0, with at least one good client",
+              file=sys.stderr)
         return 2
-    r = soak(args.duration_s, args.warmup_s, args.segment_s, args.good_clients,
-             args.hostile_clients, args.max_open, attacks)
+    r = soak(duration, args.warmup_s, args.segment_s, args.good_clients, args.hostile_clients,
+             args.max_open, attacks, args.each, args.good_rate, args.silent, args.pin,
+             args.rounds, args.repo.resolve())
     if args.json:
         print(json.dumps(r))
         return 0
     print(f"soak: {r['duration_s']:.0f} s ({r['warmup_s']:.0f} s warm-up, {r['segment_s']:.0f}-s "
-          f"segments), {r['good_clients']} good and {r['hostile_clients']} hostile clients "
-          f"({', '.join(r['attacks'])})")
-    for key in ("good_decisions", "good_p50_ms", "good_p99_ms"):
-        v = r[key]
-        print(f"  {key:<16} without hostile {v['without_hostile']:>10.3f}   with hostile "
+          f"segments), {r['good_clients']} good clients at {r['good_rate']:g}/s and "
+          f"{r['hostile_clients']} hostile ({'one attack a segment' if r['each'] else 'mixed'}:"
+          f" {', '.join(r['attacks'])}); pinned: {r['pinned']}; machine {r['machine']}")
+    g = r["good"]
+    for key in ("decisions", "p50_ms", "p99_ms"):
+        v = g[key]
+        print(f"  {key:<10} without hostile {v['without_hostile']:>10.3f}   with hostile "
               f"{v['with_hostile']:>10.3f}")
-    print(f"  p99 ratio (with / without): {r['good_p99_ratio']:.2f}")
+    print(f"  p99 ratio (with / without): {g['p99_ratio']:.2f}; good batches "
+          f"{r['good_batches']['p99_ratio']:.2f}")
+    for name, a in r.get("per_attack", {}).items():
+        rounds = ", ".join(f"{x:.2f}" for x in a["p99_ratio_by_round"])
+        print(f"  {name:<16} p99 {a['p99_ms']['with_hostile']:7.2f} ms, ratio "
+              f"{a['p99_ratio']:.2f} (rounds {rounds}); answers {a['hostile_status']}")
     print(f"  good answers by status: {r['good_status']} (5xx: {r['good_5xx']})")
-    print(f"  hostile answers by status: {r['hostile_status']}")
+    if not r["each"]:
+        print(f"  hostile answers by status: {r['hostile_status']}")
+    slowest = ", ".join(f"{name} {t['max']:.0f}" for name, t in r["hostile_answer_ms"].items())
+    print(f"  hostile requests' slowest answers (ms): {slowest}")
     print(f"  server log errors: {r['server_log_errors']}")
-    print(f"  server memory: {r['memory_mib']['after_warmup']:.1f} MiB after warm-up, "
-          f"{r['memory_mib']['end']:.1f} MiB at the end, slope "
+    m = r["memory_mib"]
+    print(f"  server memory (with its worker): {m['after_warmup']:.1f} MiB after warm-up, "
+          f"{m['end']:.1f} MiB at the end, peak {m['peak']:.1f} MiB, slope "
           f"{r['memory_slope_mib_per_min']:+.3f} MiB/min")
     return 0
 

@@ -50,8 +50,14 @@ def test_policy_version_defaults_to_the_file_hash(tmp_path):
 
 @pytest.mark.parametrize("make, reason, message", [
     (lambda: None, "model missing", r"no policy file at .*policy\.onnx"),
-    (lambda: b"\x08\x07 this is not a protobuf", "model corrupt", r"onnxruntime cannot load"),
-    (lambda: export_policy_bytes()[:500], "model corrupt", r"onnxruntime cannot load"),
+    # refused by its top-level fields, before onnxruntime copies and parses it
+    (lambda: b"\x08\x07 this is not a protobuf", "model corrupt",
+     r"policy\.onnx is not an ONNX model: field 4 has wire type 0|is not an ONNX model"),
+    (lambda: export_policy_bytes()[:500], "model corrupt",
+     r"is not an ONNX model: its last field runs \d+ bytes past the end"),
+    (lambda: b"\0" * 100_000, "model corrupt", r"is not an ONNX model: byte 0 holds field 0"),
+    # a version and a graph that is noise: onnxruntime refuses it
+    (lambda: b"\x08\x07\x3a\x04\xff\xff\xff\xff", "model corrupt", r"onnxruntime cannot load"),
     (lambda: export_policy_bytes(spec_version="batchpilot-spec/0+000000000000"), "spec mismatch",
      r"exported for spec 'batchpilot-spec/0\+000000000000', the runtime's is 'batchpilot-spec/3"),
     (lambda: export_policy_bytes(spec_version=None), "spec mismatch",

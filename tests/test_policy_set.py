@@ -46,7 +46,9 @@ def test_the_server_loads_the_policy_its_workload_names(policy_dir):
 def test_a_server_whose_set_is_missing_decides_with_the_pid_and_says_why(policy_dir):
     decider = decider_from_settings(Settings(policy_dir=policy_dir, workload="azure-code"))
     assert decider.policy is None
-    assert decider.last_error == (f"workload 'azure-code': {policy_dir / POLICY_SET_FILE}: "
+    # named within the policy folder: GET /v1/policy shows it, and the folder is not the
+    # client's business
+    assert decider.last_error == (f"workload 'azure-code': {POLICY_SET_FILE}: "
                                   "policy set not found")
 
 

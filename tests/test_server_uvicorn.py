@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -19,7 +20,7 @@ import pytest
 import uvicorn
 
 from runtime.api.settings import Settings
-from runtime.server import uvicorn_config
+from runtime.server import create_app, uvicorn_config
 from tests.conftest import raw_fields
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,11 +47,11 @@ def wait_healthy(url: str, timeout_s: float = 20.0, proc: subprocess.Popen | Non
 
 
 @contextlib.contextmanager
-def serving(settings: Settings) -> Iterator[str]:
-    """uvicorn in a thread, on a free port, configured as ``python -m runtime.server`` is;
-    stopped cleanly at the end."""
+def serving(settings: Settings, app=None) -> Iterator[str]:
+    """uvicorn in a thread, on a free port, configured as ``python -m runtime.server`` is
+    (serving ``app``, or the app of ``settings``); stopped cleanly at the end."""
     settings = settings.model_copy(update={"port": free_port(), "log_level": "warning"})
-    server = uvicorn.Server(uvicorn_config(settings))
+    server = uvicorn.Server(uvicorn_config(settings, app))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{settings.port}"
@@ -205,16 +206,41 @@ def test_an_idle_keep_alive_connection_is_closed_after_its_timeout(policy_dir):
         assert closed and data.startswith(b"HTTP/1.1 200 ")
 
 
-def test_connections_past_the_concurrency_limit_get_503(policy_dir):
-    with serving(Settings(policy_dir=policy_dir, max_concurrency=3)) as url:
-        idle = [connect(url) for _ in range(3)]
-        time.sleep(0.2)
-        r = httpx.post(url + "/v1/decide", json=raw_fields())
-        assert r.status_code == 503
-        for s in idle:
-            s.close()
+def test_requests_in_progress_past_the_limit_get_503_and_silent_connections_do_not_count(
+        policy_dir):
+    """Two requests held in progress fill a limit of two: the next complete request gets 503.
+    Silent connections, half-sent heads and trickling bodies hold no place: with them open and
+    nothing in progress, a good request is answered."""
+    release = threading.Event()
+    app = create_app(Settings(policy_dir=policy_dir, max_concurrency=2))
+
+    @app.post("/test/hold")
+    async def hold() -> dict:
+        await asyncio.to_thread(release.wait, 10)
+        return {}
+
+    with serving(Settings(policy_dir=policy_dir, max_concurrency=2), app=app) as url:
+        idle = [connect(url) for _ in range(20)]
+        for k, s in enumerate(idle[10:]):
+            s.sendall(REQUEST if k % 2 else REQUEST + b"content-length: 900\r\n\r\n{")
         time.sleep(0.2)
         assert httpx.post(url + "/v1/decide", json=raw_fields()).status_code == 200
+        held = [threading.Thread(target=httpx.post, args=(url + "/test/hold",),
+                                 kwargs={"timeout": 10}) for _ in range(2)]
+        for t in held:
+            t.start()
+        time.sleep(0.5)
+        try:
+            r = httpx.post(url + "/v1/decide", json=raw_fields())
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            assert "BATCHPILOT_MAX_CONCURRENCY" in r.json()["detail"]
+        finally:
+            release.set()
+            for t in held:
+                t.join()
+        assert httpx.post(url + "/v1/decide", json=raw_fields()).status_code == 200
+        for s in idle:
+            s.close()
 
 
 def test_slow_clients_do_not_hold_up_a_good_one(policy_dir):

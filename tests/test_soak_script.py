@@ -6,18 +6,38 @@ import math
 
 import pytest
 
-from scripts.soak import main, soak
+from scripts.soak import ATTACKS, main, soak
 
 
 def test_a_short_soak_reports_both_conditions_errors_and_memory():
-    r = soak(duration_s=5.0, warmup_s=1.0, segment_s=2.0, good=1, hostile=1, max_open=2,
-             attacks=("empty_rows", "text_plain", "slow"))
-    assert r["good_decisions"]["without_hostile"] > 0 and r["good_decisions"]["with_hostile"] > 0
-    assert r["good_p99_ms"]["without_hostile"] > 0 and r["good_p99_ratio"] > 0
+    r = soak(duration_s=6.0, warmup_s=1.0, segment_s=2.5, good=1, hostile=1, max_open=2,
+             attacks=("empty_rows", "text_plain", "repeated_key", "big_header", "pipelined",
+                      "reload_huge", "reload_outside", "slow", "silent"), silent=20)
+    g = r["good"]
+    assert g["decisions"]["without_hostile"] > 0 and g["decisions"]["with_hostile"] > 0
+    assert g["p99_ms"]["without_hostile"] > 0 and g["p99_ratio"] > 0
     assert r["good_5xx"] == 0 and r["good_not_200"] == 0 and r["server_log_errors"] == 0
-    # every hostile request answered is refused with a 422 (on a loaded machine, 2 s may see none)
-    assert set(r["hostile_status"]) <= {"422"}
-    assert r["memory_mib"]["end"] > 50 and math.isfinite(r["memory_slope_mib_per_min"])
+    # every hostile request answered is refused with its status (on a loaded machine, 2.5 s
+    # may see only some of them)
+    expected = {"empty_rows": {"422"}, "text_plain": {"422"}, "repeated_key": {"422"},
+                "big_header": {"431"}, "pipelined": {"200"}, "reload_huge": {"422"},
+                "reload_outside": {"400"}}
+    for attack, by_status in r["hostile_status"].items():
+        assert set(by_status) <= expected[attack], (attack, by_status)
+    for attack, t in r["hostile_answer_ms"].items():
+        assert 0 < t["p50"] <= t["p99"] <= t["max"] < 30_000, (attack, t)
+    m = r["memory_mib"]
+    assert m["end"] > 50 and m["peak"] >= m["end"] and math.isfinite(r["memory_slope_mib_per_min"])
+
+
+def test_one_attack_a_segment_is_reported_apart():
+    r = soak(duration_s=0.0, warmup_s=0.5, segment_s=1.5, good=1, hostile=1, max_open=2,
+             attacks=("empty_rows", "many_headers"), each=True)
+    assert set(r["per_attack"]) == {"empty_rows", "many_headers"}
+    for name, a in r["per_attack"].items():
+        assert a["decisions"]["with_hostile"] > 0, name
+        assert len(a["p99_ratio_by_round"]) >= 1, name
+    assert set(r["per_attack"]["many_headers"]["hostile_status"]) <= {"431"}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -25,7 +45,8 @@ def test_a_short_soak_reports_both_conditions_errors_and_memory():
      "soak: --duration-s must cover the warm-up and one segment without and one with the "
      "hostile clients"),
     (["--attacks", "empty_rows,nope"], "soak: --attacks takes names from "
-     "empty_rows,string_rows,extra_keys,text_plain,slow, got 'empty_rows,nope'"),
+     f"{','.join(ATTACKS)}, got 'empty_rows,nope'"),
+    (["--each", "--rounds", "0"], "soak: --rounds must be >= 1"),
 ])
 def test_bad_options_exit_2_naming_them(capsys, argv, message):
     assert main(argv) == 2

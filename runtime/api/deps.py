@@ -15,6 +15,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from runtime.api.batch_worker import BatchWorker
 from runtime.api.metrics import ServerMetrics
 from runtime.api.settings import Settings
 from runtime.decider.guard import GuardedDecider
@@ -27,6 +28,8 @@ class Services:
     settings: Settings
     decider: GuardedDecider
     metrics: ServerMetrics
+    worker: BatchWorker | None = None
+    """the batch worker process large batches go to (None: they are answered inline)"""
 
 
 async def get_services(request: Request) -> Services:

@@ -3,8 +3,7 @@ do not collide in the global one)."""
 
 from __future__ import annotations
 
-from collections import Counter as Tally
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -72,15 +71,12 @@ class ServerMetrics:
             self.fallbacks.labels(decision.reason).inc()
         self._latency[route].observe(seconds)
 
-    def record_batch(self, decisions: Iterable[Decision], seconds: float) -> None:
-        sources: Tally[Source] = Tally()
-        reasons: Tally[str] = Tally()
-        for d in decisions:
-            sources[d.source] += 1
-            if d.reason is not None:
-                reasons[d.reason] += 1
-        for s, n in sources.items():
-            self._by_source["batch"][s].inc(n)
-        for reason, n in reasons.items():
-            self.fallbacks.labels(reason).inc(n)
+    def record_tally(self, tally: Mapping[tuple[Source, str | None], int],
+                     seconds: float) -> None:
+        """Count a batch's decisions by (source, reason), and its time."""
+        by_source = self._by_source["batch"]
+        for (source, reason), n in tally.items():
+            by_source[source].inc(n)
+            if reason is not None:
+                self.fallbacks.labels(reason).inc(n)
         self._latency["batch"].observe(seconds)

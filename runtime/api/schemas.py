@@ -16,11 +16,12 @@ MAX_BATCH = 4096
 """The most observations one ``POST /v1/decide/batch`` request may carry."""
 
 
-def _field(f: ObservationField) -> tuple[type, object]:
-    """A strict finite float. Physically bounded quantities are checked here (a count cannot be
-    negative, a fraction cannot exceed 1, a knob lies in its range) so that a unit mistake is a
-    422 rather than a silent clip; otherwise values outside the raw range are clipped, as in
-    training."""
+def field_bounds(f: ObservationField) -> dict[str, float]:
+    """The bounds a named value must lie in (``ge``, ``le``): physically bounded quantities are
+    checked (a count cannot be negative, a fraction cannot exceed 1, a knob lies in its range)
+    so that a unit mistake is a 422 rather than a silent clip; otherwise values outside the raw
+    range are clipped, as in training. The schema and the batch route's array checks
+    (:mod:`runtime.api.parsing`) both read them here."""
     bounds: dict[str, float] = {}
     if f.transform == "knob":
         bounds = {"ge": f.low, "le": f.high}
@@ -28,6 +29,12 @@ def _field(f: ObservationField) -> tuple[type, object]:
         bounds = {"ge": 0.0}
         if f.unit == "fraction":
             bounds["le"] = 1.0
+    return bounds
+
+
+def _field(f: ObservationField) -> tuple[type, object]:
+    """A strict finite float within :func:`field_bounds`."""
+    bounds = field_bounds(f)
     desc = f"{f.doc} [{f.unit}]; clipped to {f.low:g}..{f.high:g} ({f.transform} transform)"
     if f.transform == "knob":
         desc += "; optional: absent, the runtime's static knob"

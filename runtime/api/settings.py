@@ -1,7 +1,10 @@
 """Server settings: one pydantic-settings object read from ``BATCHPILOT_*`` environment variables.
 
-Every setting, its variable and its default are listed in ``docs/rest.md`` (rendered from this
-class by :func:`settings_table`, so the two cannot drift apart).
+Every setting, its variable, its default and its bounds are listed in ``docs/rest.md`` (rendered
+from this class by :func:`settings_table`, so the two cannot drift apart). Every limit and timeout
+has an upper bound as well as a lower one, and none takes an infinity or NaN: a setting can tune
+a protection, never switch it off. :func:`load_settings` turns a refusal into one line per
+variable (:class:`SettingsError`), with no traceback and no value of a secret setting.
 """
 
 from __future__ import annotations
@@ -9,12 +12,13 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.decider.guard import DEFAULT_MAX_STEP
+from runtime.decider.onnx_policy import DEFAULT_MAX_POLICY_BYTES
 from runtime.decider.policy_set import (
     POLICY_NAME_PATTERN,
     POLICY_SET_FILE,
@@ -29,6 +33,14 @@ OTHER_VARIABLES = frozenset({CHECKPOINTS_DIR_ENV, "BATCHPILOT_TRACES_DIR"})
 the trace folder, which ``env/traces/locations.py`` reads: runtime/ may not import env/); any
 other one that is not a setting below is refused, so that a misspelt setting is not silently
 ignored."""
+KIB, MIB = 1024, 1024 * 1024
+MAX_TIMEOUT_S = 300.0
+"""the longest any timeout may be set to: a slow-client protection must stay one"""
+
+
+def _seconds(default: float) -> Any:
+    """A finite timeout in (0, :data:`MAX_TIMEOUT_S`] seconds."""
+    return Field(default, gt=0.0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
 
 
 class Settings(BaseSettings):
@@ -50,22 +62,50 @@ class Settings(BaseSettings):
     is the one ``policy_dir``'s policy set (``policies.json``) names for it, or the set's default
     when it names none (``policy_file`` is then not read)"""
     reload_token: SecretStr | None = None
-    """bearer token that ``POST /v1/policy/reload`` requires; unset disables reload (403)"""
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    """larger request bodies are refused with 413 (a full batch of 4096 observations is ~3 MB)"""
-    max_step: float = Field(DEFAULT_MAX_STEP, gt=0.0)
-    """slew rate: the most a knob may move per decision, in action units (the range is 2 wide)"""
-    max_decide_body_bytes: int = Field(16 * 1024, ge=1024)
+    """bearer token that ``POST /v1/policy/reload`` requires; unset disables reload (403); never
+    printed"""
+    max_policy_bytes: int = Field(DEFAULT_MAX_POLICY_BYTES, ge=KIB, le=256 * MIB)
+    """a policy file larger than this is refused before it is read, at start-up and on reload
+    (the shipped policy is ~30 KB)"""
+    max_step: float = Field(DEFAULT_MAX_STEP, gt=0.0, le=2.0, allow_inf_nan=False)
+    """slew rate: the most a knob may move per decision, in action units (the range is 2 wide, so
+    2 leaves only the range clamp)"""
+    max_body_bytes: int = Field(4 * MIB, ge=KIB, le=32 * MIB)
+    """larger request bodies are refused with 413 before they are read (a full batch of 4096
+    observations is ~3 MB)"""
+    max_decide_body_bytes: int = Field(16 * KIB, ge=KIB, le=MIB)
     """larger ``POST /v1/decide`` bodies are refused with 413 (one observation is ~700 bytes)"""
-    header_timeout_s: float = Field(10.0, gt=0.0)
+    max_body_bytes_in_progress: int = Field(64 * MIB, ge=KIB, le=1024 * MIB)
+    """request bodies over 64 KB hold at most this many bytes in the server at once (received or
+    being decided); a large body beyond it gets 503, so that many large uploads at once cannot
+    exhaust memory"""
+    max_header_bytes: int = Field(16 * KIB, ge=KIB, le=MIB)
+    """a request line and headers longer than this get 431 and the connection is closed"""
+    max_headers: int = Field(100, ge=8, le=1000)
+    """a request with more header lines than this gets 431 and the connection is closed"""
+    header_timeout_s: float = _seconds(10.0)
     """a connection's request line and headers must arrive within this; else it is closed"""
-    body_timeout_s: float = Field(10.0, gt=0.0)
+    body_timeout_s: float = _seconds(10.0)
     """a request's body must arrive within this after its headers; else 408 and the connection
     is closed"""
-    keep_alive_timeout_s: int = Field(5, ge=1)
+    keep_alive_timeout_s: int = Field(5, ge=1, le=int(MAX_TIMEOUT_S))
     """an idle keep-alive connection is closed after this"""
-    max_concurrency: int = Field(256, ge=1)
-    """open connections (and requests in progress) at most; beyond it new requests get 503"""
+    max_concurrency: int = Field(256, ge=1, le=4096)
+    """requests in progress at most (counted once the request and its body have arrived); beyond
+    it 503"""
+    max_connections: int = Field(1024, ge=16, le=65536)
+    """open connections at most: a new connection beyond it closes the one idle longest among
+    those with no request in progress (silent, half-sent headers, idle keep-alive)"""
+    http: Literal["httptools", "h11"] = "httptools"
+    """the HTTP/1.1 parser: ``httptools`` (llhttp, in C: the faster) or ``h11`` (pure Python);
+    the header, idle and pipelining limits hold under both"""
+    batch_worker: bool = True
+    """batch bodies over 16 KB are answered by a worker process at a lower CPU priority, taken
+    round-robin between clients (``false``: on the event loop, where one client's large batches
+    hold up every other client's answers)"""
+    batch_worker_nice: int = Field(10, ge=0, le=19)
+    """how much lower the batch worker's CPU priority is than the server's (0: the same; on a
+    machine shared with other low-priority work, a high value leaves the batches little CPU)"""
     require_policy: bool = False
     """``GET /readyz`` answers 503 while no policy is loaded (else PID alone counts as ready)"""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
@@ -74,9 +114,9 @@ class Settings(BaseSettings):
     """log every request (off by default: at thousands of requests per second it costs more
     than the decisions)"""
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "http", mode="before")
     @classmethod
-    def _lower_case_level(cls, value: object) -> object:
+    def _lower_case(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
     @model_validator(mode="after")
@@ -88,6 +128,11 @@ class Settings(BaseSettings):
                 hint = f"; did you mean {close[0]}?" if close else ""
                 raise ValueError(f"unknown setting {variable}{hint} (the settings are listed in "
                                  "docs/rest.md)")
+        if self.max_body_bytes_in_progress < self.max_body_bytes:
+            raise ValueError(f"{ENV_PREFIX}MAX_BODY_BYTES_IN_PROGRESS "
+                             f"({self.max_body_bytes_in_progress}) must be at least "
+                             f"{ENV_PREFIX}MAX_BODY_BYTES ({self.max_body_bytes}): one body of "
+                             "the largest size must fit")
         return self
 
     @property
@@ -101,29 +146,95 @@ class Settings(BaseSettings):
             try:
                 chosen = PolicySet.load(self.policy_dir / POLICY_SET_FILE).file_for(self.workload)
             except ValueError as e:
-                raise ValueError(f"workload {self.workload!r}: {e}") from None
+                raise ValueError(without_folder(f"workload {self.workload!r}: {e}",
+                                                self.policy_dir)) from None
             return resolve_in_folder(self.policy_dir, chosen.name)
         if not self.policy_file:
             return None
         return resolve_in_folder(self.policy_dir, self.policy_file)
 
 
+SECRET_SETTINGS = frozenset(name for name, f in Settings.model_fields.items()
+                            if SecretStr in (f.annotation, *getattr(f.annotation, "__args__", ())))
+"""settings whose value is never printed (the reload token)"""
+
+
+class SettingsError(ValueError):
+    """Settings the server refuses; the message names each variable and what is wrong with it,
+    one per line, and holds no value of a secret setting."""
+
+
+def describe_errors(error: ValidationError) -> str:
+    """One line per refused setting: the variable, what is wrong, and the value given unless
+    the setting is secret (pydantic's own text prints every input, the token included)."""
+    lines = []
+    for e in error.errors(include_url=False):
+        loc = e.get("loc") or ()
+        msg = e["msg"].removeprefix("Value error, ")
+        if not loc:  # a check across settings (an unknown variable): its message names them
+            lines.append(msg)
+            continue
+        name = str(loc[0])
+        variable = ENV_PREFIX + name.upper()
+        shown = ""
+        if name not in SECRET_SETTINGS and "input" in e:
+            value = repr(e["input"])
+            shown = f" (got {value if len(value) <= 80 else value[:77] + '...'})"
+        lines.append(f"{variable}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """:class:`Settings` from the environment (and ``overrides``); :class:`SettingsError`, whose
+    message names the variables, when they are refused."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        raise SettingsError(describe_errors(e)) from None
+
+
+def without_folder(message: str, folder: Path) -> str:
+    """``message`` with ``folder`` (as given, and resolved) cut out of every path: answers name
+    files by their names in the policy folder, never the server's folders."""
+    for text in {str(folder.resolve()), str(folder), str(folder.absolute())}:
+        if text and text != ".":
+            message = message.replace(text + os.sep, "").replace(text, "")
+    return message
+
+
 def resolve_in_folder(folder: Path, name: str) -> Path:
     """``folder / name`` with symlinks resolved; ValueError when that leaves ``folder`` or
-    cannot be resolved (a symlink loop)."""
+    cannot be resolved (a symlink loop). The messages name ``name`` only."""
     try:
         root = folder.resolve()
         path = (root / name).resolve()
     except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
-        raise ValueError(f"{name!r} cannot be resolved: {e}".replace(str(folder), "")) from None
+        why = getattr(e, "strerror", None) or "a symlink loop"
+        raise ValueError(f"{name!r} cannot be resolved: {why}") from None
     if path.parent != root:
         raise ValueError(f"{name!r} resolves outside the policy folder")
     return path
 
 
+def _bounds(field: Any) -> str:
+    low = high = None
+    for m in field.metadata:
+        for attr, sign in (("ge", "low"), ("gt", "low"), ("le", "high"), ("lt", "high")):
+            value = getattr(m, attr, None)
+            if value is not None:
+                text = f"{value:g}" if isinstance(value, float) else str(value)
+                if sign == "low":
+                    low = (">" if attr == "gt" else "") + text
+                else:
+                    high = text
+    if low is None and high is None:
+        return ""
+    return f"{low if low is not None else ''} .. {high if high is not None else ''}"
+
+
 def settings_table() -> str:
-    """The settings as a markdown table (environment variable, default, meaning)."""
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    """The settings as a markdown table (environment variable, default, bounds, meaning)."""
+    rows = ["| variable | default | bounds | meaning |", "|---|---|---|---|"]
     for name, field in Settings.model_fields.items():
         default = field.default
         if name == "policy_dir":
@@ -132,6 +243,7 @@ def settings_table() -> str:
             default = str(default).lower()
         elif default is None:
             default = "unset"
-        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | `{default}` | "
+        bounds = _bounds(field)
+        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | `{default}` | {bounds} | "
                     f"{' '.join((field.description or '').split())} |")
     return "\n".join(rows)

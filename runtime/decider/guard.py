@@ -48,6 +48,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -64,7 +65,7 @@ from runtime.decider.decision import (
     Source,
 )
 from runtime.decider.lend_guard import RATIO_INDEX, UTILIZATION_INDEX
-from runtime.decider.onnx_policy import OnnxPolicy, PolicyLoadError
+from runtime.decider.onnx_policy import DEFAULT_MAX_POLICY_BYTES, OnnxPolicy, PolicyLoadError
 from runtime.decider.pid import PidController
 from runtime.decider.window import DecisionWindow
 from runtime.knobs import (
@@ -72,7 +73,7 @@ from runtime.knobs import (
     NUM_KNOBS,
     Knobs,
     action_to_knobs,
-    actions_to_knobs,
+    actions_to_columns,
     knobs_to_action,
 )
 from runtime.observation import OBS_DIM, OBSERVATION_FIELDS, OBSERVATION_INDEX, SPEC_VERSION
@@ -125,6 +126,35 @@ def slew_limit(action: np.ndarray, current: np.ndarray, max_step: float) -> np.n
     return np.clip(a, -1.0, 1.0)
 
 
+class BatchDecisions(NamedTuple):
+    """A batch's decisions as arrays (:meth:`GuardedDecider.decide_batch_columns`)."""
+
+    knobs: np.ndarray
+    """``[n, NUM_KNOBS]`` float64, in :data:`runtime.knobs.KNOB_NAMES` order (the chunk's
+    values are whole numbers)"""
+    sources: list[Source]
+    """who decided each row"""
+    reasons: list[str | None]
+    """why the policy did not, per row (None where it did)"""
+    policy_version: str | None
+    """the policy the whole batch ran on (None: none loaded)"""
+    fallbacks: dict[int, Decision]
+    """the rows the policy did not decide, by index, as their decisions"""
+    tally: dict[tuple[Source, str | None], int]
+    """the rows by (source, reason)"""
+
+    def decisions(self) -> list[Decision]:
+        """One :class:`Decision` a row."""
+        trusted, version, fallbacks = Knobs._trusted, self.policy_version, self.fallbacks
+        out = []
+        for i, (w, c, r, b, a) in enumerate(self.knobs.tolist()):
+            d = fallbacks.get(i)
+            out.append(d if d is not None else
+                       Decision(trusted(w, int(c), r, b, a), "policy", SPEC_VERSION, version,
+                                None))
+        return out
+
+
 class GuardedDecider:
     """Decides knobs from observations with the guard described in the module docstring.
 
@@ -135,11 +165,13 @@ class GuardedDecider:
         2.0 or more leaves only the range clamp
     :param breaker: the circuit breaker (a default one when None; ``CircuitBreaker(trip_after=0)``
         disables it)
+    :param max_policy_bytes: a policy file larger than this is refused before it is read
     """
 
     def __init__(self, policy: OnnxPolicy | str | Path | None = None, *,
                  pid: PidController | None = None, static_knobs: Knobs = DEFAULT_KNOBS,
-                 max_step: float = DEFAULT_MAX_STEP, breaker: CircuitBreaker | None = None) -> None:
+                 max_step: float = DEFAULT_MAX_STEP, breaker: CircuitBreaker | None = None,
+                 max_policy_bytes: int = DEFAULT_MAX_POLICY_BYTES) -> None:
         if not max_step > 0.0:
             raise ValueError(f"max_step must be > 0 action units per decision, got {max_step}")
         self.pid = pid if pid is not None else PidController()
@@ -147,6 +179,7 @@ class GuardedDecider:
         self._static_action = knobs_to_action(static_knobs)
         self._static_row = np.asarray(self._static_action, dtype=np.float64)
         self.max_step = float(max_step)
+        self.max_policy_bytes = max_policy_bytes
         self.breaker = breaker if breaker is not None else CircuitBreaker()
         self.recent = DecisionWindow()
         """decisions by source and fallback reason over the last minute"""
@@ -164,7 +197,7 @@ class GuardedDecider:
             self._active = (policy, MODEL_MISSING)
         elif policy is not None:
             try:
-                self._active = (OnnxPolicy.load(policy), MODEL_MISSING)
+                self._active = (OnnxPolicy.load(policy, max_policy_bytes), MODEL_MISSING)
             except PolicyLoadError as e:
                 self._active = (None, e.reason)
                 self._note_error(str(e))
@@ -174,6 +207,11 @@ class GuardedDecider:
     @property
     def policy(self) -> OnnxPolicy | None:
         return self._active[0]
+
+    @property
+    def active(self) -> tuple[OnnxPolicy | None, str]:
+        """(the policy, why it is absent), read as one: what a copy of this decider needs."""
+        return self._active
 
     @property
     def missing_reason(self) -> str | None:
@@ -187,21 +225,37 @@ class GuardedDecider:
         policy (or its absence) as it was."""
         with self._reload_lock:  # two reloads at once: one after the other, the last one wins
             try:
-                policy = OnnxPolicy.load(path)
+                policy = OnnxPolicy.load(path, self.max_policy_bytes)
             except PolicyLoadError as e:
-                self.num_failed_reloads += 1
-                self._note_error(str(e))
+                self.refuse_reload(str(e))
                 raise
             self._active = (policy, MODEL_MISSING)
             self.breaker.reset()
             self.num_reloads += 1
             return policy
 
+    def refuse_reload(self, message: str) -> None:
+        """Count a reload refused before or while its file was read (a name that leads out of
+        the policy folder, a file refused by :meth:`reload`), with ``message`` as the last
+        error: every refusal is counted and reported the same way."""
+        self.num_failed_reloads += 1
+        self._note_error(message)
+
     def refuse_start_policy(self, reason: str, message: str) -> None:
         """Record why the start-up policy was not even read (e.g. it leads out of the policy
         folder): the PID decides, with ``reason``."""
         self._active = (None, reason)
         self._note_error(message)
+
+    def absorb_batch(self, tally: dict[tuple[Source, str | None], int], lend_guard_hits: int,
+                     errors: Sequence[str]) -> None:
+        """Count a batch that a copy of this decider answered (the batch worker process): its
+        decisions in the last minute's window, its lending-guard hits, its errors."""
+        for (source, reason), count in tally.items():
+            self.recent.record(source, reason, count)
+        self.lend_guard_hits += lend_guard_hits
+        for message in errors:
+            self._note_error(message)
 
     def _note_error(self, message: str) -> None:
         self.last_error = message
@@ -292,15 +346,25 @@ class GuardedDecider:
         the stacked rows. Each row is guarded as :meth:`decide` guards a client's one (the rows
         come from clients: they read the breaker's state, never feed it). Raises ValueError for
         an array of another shape."""
+        return self.decide_batch_columns(observations).decisions()
+
+    def decide_batch_columns(self, observations: np.ndarray,
+                             circuit_open: bool | None = None) -> BatchDecisions:
+        """:meth:`decide_batch` as arrays: the knobs of every row in one array and who decided
+        each, without a :class:`Decision` for the rows the policy decided (the REST batch route
+        answers thousands of rows a request from these). ``circuit_open``: the state of the
+        breaker of the decider this one copies (the batch worker process); None reads this
+        decider's own."""
         x = np.asarray(observations, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != OBS_DIM:
             raise ValueError(f"a batch of observations has shape [n, {OBS_DIM}], got "
                              f"{list(x.shape)}")
         n = len(x)
         policy, missing = self._active
+        version = policy.policy_version if policy is not None else None
         finite: np.ndarray = np.isfinite(x).all(axis=1)  # type: ignore[assignment]
         ok: np.ndarray = np.zeros(n, dtype=bool)  # rows with a finite, slew-limited policy action
-        actions: list[Knobs | None] = []
+        knobs = np.empty((n, NUM_KNOBS), dtype=np.float64)
         failed = False
         if policy is not None and n:
             try:
@@ -323,45 +387,51 @@ class GuardedDecider:
                 # numpy's stubs type all(axis=...) as a scalar or an array
                 ok = np.isfinite(raw).all(axis=1)  # type: ignore[assignment]
                 # map the good rows at once (the per-row mapping dominated a batch's time)
-                mapped = actions_to_knobs(limited[ok]) if ok.any() else []
-                actions = [None] * n
-                for i, k in zip(np.flatnonzero(ok).tolist(), mapped):
-                    actions[i] = k
+                if ok.all():
+                    knobs[:] = np.stack(actions_to_columns(limited), axis=1)
+                elif ok.any():
+                    knobs[ok] = np.stack(actions_to_columns(limited[ok]), axis=1)
             except Exception as e:
                 failed = True
+                ok[:] = False
                 self._note_error(f"policy {policy.policy_version}: {type(e).__name__}: {e}")
-        finite_l: list[bool] = finite.tolist()
-        ok_l: list[bool] = ok.tolist()
-        circuit_open = not self.breaker.is_closed()
-        version = policy.policy_version if policy is not None else None
-        out: list[Decision] = []
-        for i in range(n):
-            try:
-                if not finite_l[i]:
-                    d = self._fallback(x[i], x[i].tolist(), NON_FINITE_INPUT, policy)
-                elif policy is None:
-                    d = self._fallback(x[i], x[i].tolist(), missing, None)
-                elif circuit_open:
-                    d = self._fallback(x[i], x[i].tolist(), CIRCUIT_OPEN, policy)
-                elif failed:
-                    d = self._fallback(x[i], x[i].tolist(), POLICY_ERROR, policy)
-                elif not ok_l[i]:
-                    d = self._fallback(x[i], x[i].tolist(), NON_FINITE_OUTPUT, policy)
-                else:
-                    knobs = actions[i]
-                    assert knobs is not None  # ok_l[i]: this row's action was mapped
-                    d = Decision(knobs, "policy", SPEC_VERSION, version, None)
-            except Exception as e:
-                self._note_error(f"decide_batch row {i}: {type(e).__name__}: {e}")
-                d = self._static(None, POLICY_ERROR, policy)
-            out.append(d)
+        if circuit_open is None:
+            circuit_open = not self.breaker.is_closed()
+        if circuit_open:
+            ok[:] = False
+        sources: list[Source] = ["policy"] * n
+        reasons: list[str | None] = [None] * n
+        fallbacks: dict[int, Decision] = {}
+        if not ok.all():
+            for i in np.flatnonzero(~ok).tolist():
+                try:
+                    if not finite[i]:
+                        d = self._fallback(x[i], x[i].tolist(), NON_FINITE_INPUT, policy)
+                    elif policy is None:
+                        d = self._fallback(x[i], x[i].tolist(), missing, None)
+                    elif circuit_open:
+                        d = self._fallback(x[i], x[i].tolist(), CIRCUIT_OPEN, policy)
+                    elif failed:
+                        d = self._fallback(x[i], x[i].tolist(), POLICY_ERROR, policy)
+                    else:
+                        d = self._fallback(x[i], x[i].tolist(), NON_FINITE_OUTPUT, policy)
+                except Exception as e:
+                    self._note_error(f"decide_batch row {i}: {type(e).__name__}: {e}")
+                    d = self._static(None, POLICY_ERROR, policy)
+                fallbacks[i] = d
+                knobs[i] = d.knobs.as_tuple()
+                sources[i] = d.source
+                reasons[i] = d.reason
         tally: dict[tuple[Source, str | None], int] = {}
-        for d in out:
-            key = (d.source, d.reason)
-            tally[key] = tally.get(key, 0) + 1
+        if not fallbacks:
+            if n:
+                tally[("policy", None)] = n
+        else:
+            for key in zip(sources, reasons):
+                tally[key] = tally.get(key, 0) + 1
         for (source, reason), count in tally.items():
             self.recent.record(source, reason, count)
-        return out
+        return BatchDecisions(knobs, sources, reasons, version, fallbacks, tally)
 
     def describe(self) -> dict:
         """What ``GET /v1/policy`` shows: the policy (or why there is none), guard and breaker."""

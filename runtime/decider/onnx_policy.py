@@ -62,6 +62,7 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -129,26 +130,103 @@ def session_options() -> ort.SessionOptions:
     return so
 
 
-MAX_POLICY_BYTES = 256 * 1024 * 1024
-"""a larger file is refused before it is read (the shipped policy is ~30 KB)"""
+DEFAULT_MAX_POLICY_BYTES = 8 * 1024 * 1024
+"""the largest policy file read unless the caller says otherwise (the shipped policy is ~30 KB;
+a 29-1024-1024-5 MLP in float32 is ~4.3 MB). A larger file is refused before it is read, so a
+huge or sparse file under a policy's name costs a ``stat``, not a read and a parse."""
 
 
-def _read_regular_file(path: Path) -> bytes:
-    """The bytes of ``path``, which must be a regular file of at most :data:`MAX_POLICY_BYTES`.
-    Opened without blocking and checked on the open descriptor, so that a FIFO or a device under
-    a policy's name is refused at once rather than blocking the reload (and its lock) for ever."""
+class _NotAModel(Exception):
+    """A file whose top-level fields are not an ONNX model's."""
+
+
+def _read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``max_bytes``. Opened
+    without blocking and checked on the open descriptor, so that a FIFO or a device under a
+    policy's name is refused at once rather than blocking the reload (and its lock) for ever;
+    read at most one byte past the limit, so that a file that grows after the check is refused
+    too."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise OSError(f"{path.name} is not a regular file")
-        if info.st_size > MAX_POLICY_BYTES:
-            raise OSError(f"{path.name} has {info.st_size} bytes, more than the "
-                          f"{MAX_POLICY_BYTES} a policy may have")
+        if info.st_size > max_bytes:
+            raise OSError(f"{path.name} has {info.st_size} bytes, more than the {max_bytes} a "
+                          "policy may have (BATCHPILOT_MAX_POLICY_BYTES)")
+        problem = not_a_model(size=info.st_size, fetch=lambda offset, n: os.pread(fd, n, offset))
+        if problem is not None:  # refused from a few bytes of it
+            raise _NotAModel(f"{path.name} is not an ONNX model: {problem}")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
+            model = f.read(max_bytes + 1)
+        if len(model) > max_bytes:
+            raise OSError(f"{path.name} grew past the {max_bytes} bytes a policy may have while "
+                          "it was read")
+        return model
     finally:
         os.close(fd)
+
+
+MAX_TOP_LEVEL_FIELDS = 4096
+"""an ONNX file has a handful of top-level fields (version, producer, graph, opsets, metadata):
+:func:`not_a_model` gives up on more"""
+_MODEL_FIELDS = {1: "ir_version", 7: "graph"}
+"""the top-level fields of ``ModelProto`` a policy cannot lack"""
+
+
+def _varint(fetch: Callable[[int, int], bytes], i: int) -> tuple[int, int]:
+    value = shift = 0
+    head = fetch(i, 10)
+    for k, b in enumerate(head):
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i + k + 1
+        shift += 7
+    raise ValueError(f"a varint at byte {i} runs past the end")
+
+
+def not_a_model(model: bytes | None = None, *, size: int = 0,
+                fetch: Callable[[int, int], bytes] | None = None) -> str | None:
+    """Why a file cannot be an ONNX ``ModelProto`` (None when its top level reads as one): its
+    top-level protobuf fields are walked, tags and lengths only, and must end at the end of the
+    file and include the version and the graph. Given ``model``'s bytes, or a file's ``size``
+    and ``fetch(offset, n)`` reading from it (then only the few bytes of the tags are read). A
+    file of zeros or of noise is refused in microseconds, without being read, hashed, or copied
+    and parsed by onnxruntime on the GIL."""
+    if model is not None:
+        size = len(model)
+
+        def fetch(offset: int, n: int) -> bytes:
+            return model[offset:offset + n]
+    assert fetch is not None
+    i, seen, n = 0, set(), 0
+    try:
+        while i < size:
+            n += 1
+            if n > MAX_TOP_LEVEL_FIELDS:
+                return f"more than {MAX_TOP_LEVEL_FIELDS} top-level fields"
+            tag, i = _varint(fetch, i)
+            field, wire = tag >> 3, tag & 7
+            if field == 0:
+                return f"byte {i - 1} holds field 0"
+            if wire == 0:
+                _, i = _varint(fetch, i)
+            elif wire == 1:
+                i += 8
+            elif wire == 2:
+                length, i = _varint(fetch, i)
+                i += length
+            elif wire == 5:
+                i += 4
+            else:
+                return f"field {field} has wire type {wire}"
+            seen.add(field)
+    except ValueError as e:
+        return str(e)
+    if i != size:
+        return f"its last field runs {i - size} bytes past the end"
+    missing = [name for number, name in _MODEL_FIELDS.items() if number not in seen]
+    return f"no {' or '.join(missing)}" if missing else None
 
 
 def _is_fixed(dim: object) -> bool:
@@ -165,13 +243,21 @@ class OnnxPolicy:
 
     def __init__(self, model: bytes, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else None
-        self.sha256 = hashlib.sha256(model).hexdigest()
+        self.model_bytes = model
+        """the file's bytes (the batch worker process builds its own session from them)"""
+        problem = not_a_model(model)
+        if problem is not None:  # refused before onnxruntime copies and parses the bytes
+            raise PolicyLoadError(MODEL_CORRUPT, f"{self._name()} is not an ONNX model: "
+                                  f"{problem}", path)
         self.size_bytes = len(model)
+        failure: str | None = None
         try:
             session = ort.InferenceSession(model, session_options(), providers=[PROVIDER])
         except Exception as e:  # onnxruntime raises its own classes (InvalidProtobuf, Fail, ...)
+            failure = f"{type(e).__name__}: {str(e)[:300]}"
+        if failure is not None:  # raised here, not chained to onnxruntime's half-built session
             raise PolicyLoadError(MODEL_CORRUPT, f"onnxruntime cannot load {self._name()}: "
-                                  f"{type(e).__name__}: {str(e)[:300]}", path) from None
+                                  f"{failure}", path)
         providers = session.get_providers()
         if providers[:1] != [PROVIDER]:
             raise PolicyLoadError(MODEL_CORRUPT, f"{self._name()} runs on {providers}, "
@@ -191,6 +277,8 @@ class OnnxPolicy:
         """the width of the policy's input (its spec's)"""
         self.num_actions = self._adapter.num_actions if self._adapter is not None else NUM_KNOBS
         """the width of its output: the first ``num_actions`` knobs"""
+        # hashed once onnxruntime has taken the file: a refused one is not hashed for nothing
+        self.sha256 = hashlib.sha256(model).hexdigest()
         self.policy_version = (self.metadata.get(POLICY_VERSION_KEY)
                                or f"sha256:{self.sha256[:12]}")
         self.lend_guard: LendGuard | None = None
@@ -215,19 +303,34 @@ class OnnxPolicy:
         self.loaded_at = time.time()
 
     @classmethod
-    def load(cls, path: Path | str) -> OnnxPolicy:
-        """Read, check and warm the policy at ``path``; raises :class:`PolicyLoadError`."""
+    def load(cls, path: Path | str, max_bytes: int = DEFAULT_MAX_POLICY_BYTES) -> OnnxPolicy:
+        """Read, check and warm the policy at ``path`` (a file of at most ``max_bytes``); raises
+        :class:`PolicyLoadError`, whose message names the file by its name alone (the decider
+        shows its errors to clients, who have no business with the server's folders)."""
         path = Path(path)
         try:
-            model = _read_regular_file(path)
+            model = _read_regular_file(path, max_bytes)
         except FileNotFoundError:
-            raise PolicyLoadError(MODEL_MISSING, f"no policy file at {path}", path) from None
+            raise PolicyLoadError(MODEL_MISSING, f"no policy file at {path.name}", path) from None
+        except _NotAModel as e:
+            raise PolicyLoadError(MODEL_CORRUPT, str(e), path) from None
         except OSError as e:
-            raise PolicyLoadError(MODEL_CORRUPT, f"cannot read {path}: {e}", path) from None
-        return cls(model, path)
+            why = e.strerror if e.strerror else str(e)
+            raise PolicyLoadError(MODEL_CORRUPT, f"cannot read {path.name}: {why}",
+                                  path) from None
+        try:
+            return cls(model, path)
+        except PolicyLoadError as e:
+            # raised without what it was raised from: onnxruntime's exception, chained as its
+            # context, keeps the half-built session and its copy of the file's bytes alive in
+            # a cycle only the cyclic collector frees, and repeated reloads of a large refused
+            # file piled them up (16 MB each, 530 MB in 20 s)
+            del model
+            e.__context__ = e.__cause__ = None
+            raise e.with_traceback(None) from None
 
     def _name(self) -> str:
-        return str(self.path) if self.path is not None else "the policy"
+        return self.path.name if self.path is not None else "the policy"
 
     def _refuse(self, message: str) -> PolicyLoadError:
         return PolicyLoadError(BAD_SIGNATURE, f"{self._name()}: {message}", self.path)
@@ -254,6 +357,7 @@ class OnnxPolicy:
     def _warm_up(self) -> None:
         """Run the bound path and every batch size the decider uses; check shapes and that the
         answer to a zero observation is finite."""
+        failure: str | None = None
         try:
             for _ in range(NUM_WARMUP_RUNS):
                 self._run_bound(self._binding)
@@ -279,7 +383,9 @@ class OnnxPolicy:
         except PolicyLoadError:
             raise
         except Exception as e:
-            raise self._refuse(f"warm-up run failed: {type(e).__name__}: {str(e)[:300]}") from None
+            failure = f"{type(e).__name__}: {str(e)[:300]}"
+        if failure is not None:  # raised here, not chained to onnxruntime's exception
+            raise self._refuse(f"warm-up run failed: {failure}")
 
     # ------------------------------------------------------------------ evaluation
     def act(self, observation: np.ndarray) -> list[float]:

@@ -3,51 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
-from concurrent.futures import ThreadPoolExecutor
-from operator import itemgetter
 
-import numpy as np
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import TypeAdapter
 
+from runtime.api.batch import answer_batch
+from runtime.api.batch_worker import WorkerUnavailable
 from runtime.api.deps import ServicesDep
-from runtime.api.metrics import ServerMetrics
-from runtime.api.parsing import JSON_MEDIA_TYPE, check_content_type, parse_batch, parse_observation
+from runtime.api.parsing import JSON_MEDIA_TYPE, check_content_type, parse_observation
+from runtime.api.request_limits import RETRY_AFTER_S
 from runtime.api.schemas import BatchResponse, DecisionOut
 from runtime.decider.decision import Decision
-from runtime.decider.guard import GuardedDecider
-from runtime.knobs import Knobs
-from runtime.observation import (
-    OBS_DIM,
-    OBSERVATION_NAMES,
-    field_defaults,
-    vector_from_fields,
-    vectors_from_rows,
-)
+from runtime.observation import vector_from_fields
 
 router = APIRouter(prefix="/v1", tags=["decide"])
 
-INLINE_BODY_BYTES = 64 * 1024
-"""Batch bodies up to this size (~110 observations) are parsed, validated and decided on the
-event loop; larger ones on :data:`LARGE_BODIES`, so that the loop gets the GIL back every switch
-interval and single decisions are not held up for a whole 4096-row batch (~100 ms)."""
-LARGE_BODIES = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchpilot-large-body")
-"""One thread for the large bodies, taken one at a time: clients that send many large bodies
-(valid or not) queue behind each other instead of taking every core and a malloc arena per
-thread of the shared pool (the server's memory grew 18 MiB a minute under 2 MB bodies with it)."""
+INLINE_BODY_BYTES = 16 * 1024
+"""Batch bodies up to this size (about 20 observations) are answered on the event loop, in a
+bounded ~0.2 ms; larger ones by the batch worker process (:mod:`runtime.api.batch_worker`), so
+that no client's large batches hold the loop (and the GIL) that every other client's answers
+need."""
 
-_BATCH_RESPONSE = TypeAdapter(BatchResponse)
 _DECISION = TypeAdapter(DecisionOut)
-_row = itemgetter(*OBSERVATION_NAMES)
-
-
-@functools.lru_cache(maxsize=4)
-def _defaults(static_knobs: Knobs) -> dict[str, float]:
-    """:func:`runtime.observation.field_defaults`, built once per static knobs (a decider's are
-    fixed; read only)."""
-    return field_defaults(static_knobs)
 
 
 def decision_out(d: Decision) -> DecisionOut:
@@ -81,35 +59,30 @@ async def decide(request: Request, services: ServicesDep) -> Response:
     return Response(_DECISION.dump_json(decision_out(d)), media_type=JSON_MEDIA_TYPE)
 
 
-def _decide_body(body: bytes, decider: GuardedDecider, metrics: ServerMetrics) -> bytes:
-    observations = parse_batch(body)
-    t0 = time.perf_counter()
-    if observations:
-        # the rows in OBSERVATION_NAMES order, whatever order the client sent the fields in, the
-        # optional fields it left out filled in
-        defaults = _defaults(decider.static_knobs)
-        rows = np.array([_row(o) if len(o) == OBS_DIM else _row({**defaults, **o})
-                         for o in observations], dtype=np.float64)
-        decisions = decider.decide_batch(vectors_from_rows(rows))
-    else:
-        decisions = []
-    metrics.record_batch(decisions, time.perf_counter() - t0)
-    return _BATCH_RESPONSE.dump_json({"decisions": [decision_out(d) for d in decisions]})
-
-
 @router.post("/decide/batch", response_model=BatchResponse,
              openapi_extra=_body_schema("BatchRequest"))
 async def decide_batch(request: Request, services: ServicesDep) -> Response:
     """Knobs for up to 4096 observations, answered in order, with the policy run once on the
     stacked batch."""
-    # The body is parsed by pydantic-core and validated with a bounded cost rather than by
-    # FastAPI (runtime.api.parsing); the OpenAPI document shows the BatchRequest schema (see
+    # The body is parsed into one array and validated on it rather than by FastAPI
+    # (runtime.api.parsing); the OpenAPI document shows the BatchRequest schema (see
     # runtime.server).
     check_content_type(request.headers.get("content-type"))
     body = await request.body()
-    if len(body) <= INLINE_BODY_BYTES:
-        out = _decide_body(body, services.decider, services.metrics)
+    decider, worker = services.decider, services.worker
+    if len(body) <= INLINE_BODY_BYTES or worker is None:
+        answer = answer_batch(body, decider)
     else:
-        out = await asyncio.get_running_loop().run_in_executor(
-            LARGE_BODIES, _decide_body, body, services.decider, services.metrics)
-    return Response(out, media_type=JSON_MEDIA_TYPE)
+        client = request.client
+        future = worker.submit(decider, f"{client.host}:{client.port}" if client else "",
+                               body, not decider.breaker.is_closed())
+        try:
+            answer = await asyncio.wrap_future(future)
+        except WorkerUnavailable as e:
+            raise HTTPException(503, str(e), headers={"retry-after": str(RETRY_AFTER_S)}) from None
+        if answer.stats is not None:  # the worker's copy decided: count it here
+            s = answer.stats
+            decider.absorb_batch(s.tally, s.lend_guard_hits, s.errors)
+    if answer.stats is not None:
+        services.metrics.record_tally(answer.stats.tally, answer.stats.seconds)
+    return Response(answer.body, status_code=answer.status, media_type=JSON_MEDIA_TYPE)

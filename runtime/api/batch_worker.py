@@ -1,0 +1,389 @@
+"""Large batch bodies answered in a process of their own, scheduled fairly between clients.
+
+Parsing, deciding and answering a 4,096-row batch takes tens of milliseconds of CPU, and most
+of it holds Python's GIL (the JSON parser builds Python objects): on the server's event loop, or
+on a thread beside it, two clients posting such batches back to back raised every other
+client's p99 twentyfold. So batch bodies over :data:`runtime.api.routes.decide.INLINE_BODY_BYTES`
+go to one worker process, at a lower CPU priority (nice :data:`WORKER_NICE` by default,
+``BATCHPILOT_BATCH_WORKER_NICE``): the event loop only moves bytes, and the operating system
+gives its CPU to the loop first.
+
+The worker keeps a copy of the server's decider (the policy's bytes, the PID, the static knobs,
+the slew rate), sent once for each policy the server has loaded; a reload sends the new one
+before any batch that should see it, so each batch runs wholly on one policy. Jobs are queued
+per client (connection) and run a stage at a time (a slice of the parse, of the decisions or of
+the answer: a few milliseconds each), the next stage always the waiting client's that has had
+the least of the worker's time (fair queuing): a client's small batch is answered after one
+stage of the others', never behind a queue of their large ones, and clients with large batches
+share the worker equally. The worker answers with the bytes of the HTTP answer and what the
+batch did to the decider (:class:`runtime.api.batch.BatchStats`), which the server applies to
+its own.
+
+The server process talks to it over a socket pair, through a sender and a receiver thread
+(blocking socket calls release the GIL); the route awaits a future. A worker that dies fails
+the batches in flight with :class:`WorkerUnavailable` (the route answers 503) and is started
+again for the next one. It exits when the server does (end of file on its socket).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import pickle
+import queue
+import select
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import OrderedDict, deque
+from collections.abc import Callable, Generator
+from concurrent.futures import Future
+from typing import Any
+
+from runtime.api.batch import BatchAnswer, batch_stages
+from runtime.api.heap import return_large_blocks
+from runtime.decider.guard import GuardedDecider
+
+WORKER_NICE = 10
+"""how much lower the worker's CPU priority is than the server's, by default"""
+_HEADER = struct.Struct("!QQ")
+"""a frame: the lengths of its pickled metadata and of its raw payload, then both"""
+MAX_DECIDERS = 8
+"""decider copies the worker keeps (one per policy loaded recently)"""
+
+
+class WorkerUnavailable(RuntimeError):
+    """The worker died or could not start; the batches in flight are lost (the route answers
+    503, and the next batch starts a new worker)."""
+
+
+def _frame(meta: Any, payload: bytes = b"") -> tuple[bytes, bytes]:
+    m = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(m), len(payload)) + m, payload
+
+
+def decider_spec(decider: GuardedDecider) -> tuple[tuple, Callable[[], dict]]:
+    """A key naming the decider's current state, and a function building what a copy needs."""
+    policy, missing = decider.active
+    key = (id(decider), id(policy), policy.sha256 if policy is not None else None, missing,
+           decider.max_step, decider.static_knobs)
+
+    def spec() -> dict:
+        return {"model": policy.model_bytes if policy is not None else None,
+                "name": policy.path.name if policy is not None and policy.path else None,
+                "missing": missing, "pid": decider.pid, "static_knobs": decider.static_knobs,
+                "max_step": decider.max_step}
+
+    return key, spec
+
+
+# ------------------------------------------------------------------------------ server side
+class _Generation:
+    """One worker process and what is in flight with it."""
+
+    def __init__(self, nice: int) -> None:
+        parent, child = socket.socketpair()
+        self.sock = parent
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "runtime.api.batch_worker", str(child.fileno()),
+                 str(nice)],
+                pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+        finally:
+            child.close()
+        self.pending: dict[int, Future] = {}
+        self.specs: OrderedDict[tuple, None] = OrderedDict()
+        """the decider copies the worker holds: the same keys, evicted in the same order"""
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.dead = False
+
+
+class BatchWorker:
+    """The server side: :meth:`submit` a body, await the future's :class:`BatchAnswer`.
+
+    :param nice: how much lower the worker's CPU priority is than this process's
+    """
+
+    def __init__(self, nice: int = WORKER_NICE) -> None:
+        self.nice = nice
+        self._lock = threading.Lock()
+        self._gen: _Generation | None = None
+        self._ids = itertools.count()
+
+    def start(self) -> None:
+        """Start the process now (else the first batch does): it takes about a second to
+        import what it needs."""
+        with self._lock:
+            self._generation()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> bool:
+        """Start the process if need be and wait until it answers (False: not within
+        ``timeout_s``)."""
+        future: Future = Future()
+        with self._lock:
+            gen = self._generation()
+            job = next(self._ids)
+            gen.pending[job] = future
+            gen.outbox.put(_frame(("ping", job)))
+        try:
+            future.result(timeout=timeout_s)
+            return True
+        except (TimeoutError, WorkerUnavailable):
+            return False
+
+    def _generation(self) -> _Generation:
+        if self._gen is None or self._gen.dead:
+            gen = _Generation(self.nice)
+            self._gen = gen
+            threading.Thread(target=self._send_loop, args=(gen,), daemon=True,
+                             name="batchpilot-worker-send").start()
+            threading.Thread(target=self._receive_loop, args=(gen,), daemon=True,
+                             name="batchpilot-worker-receive").start()
+        return self._gen
+
+    def submit(self, decider: GuardedDecider, client: str, body: bytes,
+               circuit_open: bool) -> Future:
+        """Queue ``body`` for the worker; the future resolves to its :class:`BatchAnswer`, or
+        fails with :class:`WorkerUnavailable`."""
+        key, spec = decider_spec(decider)
+        future: Future = Future()
+        with self._lock:
+            try:
+                gen = self._generation()
+            except OSError as e:
+                future.set_exception(WorkerUnavailable(f"the batch worker cannot start: {e}"))
+                return future
+            if key not in gen.specs:
+                gen.specs[key] = None
+                while len(gen.specs) > MAX_DECIDERS:
+                    gen.specs.popitem(last=False)
+                gen.outbox.put(_frame(("decider", key, spec())))
+            job = next(self._ids)
+            gen.pending[job] = future
+            gen.outbox.put(_frame(("batch", job, key, client, circuit_open), body))
+        return future
+
+    def _send_loop(self, gen: _Generation) -> None:
+        try:
+            while True:
+                head, payload = gen.outbox.get()
+                if head is None:
+                    return
+                gen.sock.sendall(head)
+                if payload:
+                    gen.sock.sendall(payload)
+        except OSError:
+            self._lost(gen)
+
+    def _receive_loop(self, gen: _Generation) -> None:
+        reader = _Reader(gen.sock)
+        try:
+            while True:
+                frame = reader.frame()
+                if frame is None:
+                    break
+                (job, status, stats), body = frame
+                future = gen.pending.pop(job, None)
+                if future is not None and not future.cancelled():
+                    future.set_result(BatchAnswer(status, body, stats))
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+            pass
+        self._lost(gen)
+
+    def _lost(self, gen: _Generation) -> None:
+        with self._lock:
+            if gen.dead:
+                return
+            gen.dead = True
+            pending, gen.pending = gen.pending, {}
+        gen.outbox.put((None, b""))
+        try:
+            gen.sock.close()
+        except OSError:
+            pass
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(WorkerUnavailable("the batch worker exited; retry"))
+        if gen.proc.poll() is None:
+            gen.proc.kill()
+        gen.proc.wait()
+
+    def close(self) -> None:
+        """Stop the worker (it exits at the end of file on its socket)."""
+        with self._lock:
+            gen, self._gen = self._gen, None
+        if gen is None or gen.dead:
+            return
+        try:
+            gen.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            gen.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            gen.proc.kill()
+            gen.proc.wait()
+
+
+_SHARED: BatchWorker | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_worker(nice: int = WORKER_NICE) -> BatchWorker:
+    """The process's worker (one for every app in it, at the ``nice`` of the first that asks),
+    stopped at exit."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = BatchWorker(nice)
+            atexit.register(_SHARED.close)
+        return _SHARED
+
+
+class _Reader:
+    """Frames off a blocking socket; a large payload is received straight into its buffer."""
+
+    LARGE = 1 << 16
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = bytearray()
+
+    def _exactly(self, n: int) -> bytes | None:
+        if len(self.buf) < n and n - len(self.buf) >= self.LARGE:
+            out = bytearray(n)
+            view = memoryview(out)
+            have = len(self.buf)
+            view[:have] = self.buf
+            self.buf.clear()
+            while have < n:
+                got = self.sock.recv_into(view[have:])
+                if not got:
+                    return None
+                have += got
+            return bytes(out)
+        while len(self.buf) < n:
+            chunk = self.sock.recv(max(n - len(self.buf), self.LARGE))
+            if not chunk:
+                return None
+            self.buf += chunk
+        out_bytes = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out_bytes
+
+    def frame(self) -> tuple[Any, bytes] | None:
+        head = self._exactly(_HEADER.size)
+        if head is None:
+            return None
+        meta_len, payload_len = _HEADER.unpack(head)
+        meta = self._exactly(meta_len)
+        payload = self._exactly(payload_len) if payload_len else b""
+        if meta is None or payload is None:
+            return None
+        return pickle.loads(meta), payload
+
+
+# ------------------------------------------------------------------------------ worker side
+def _copy(spec: dict) -> GuardedDecider:
+    from runtime.decider.breaker import CircuitBreaker
+    from runtime.decider.decision import MODEL_MISSING
+    from runtime.decider.onnx_policy import OnnxPolicy
+
+    policy = OnnxPolicy(spec["model"], spec["name"]) if spec["model"] is not None else None
+    decider = GuardedDecider(policy, pid=spec["pid"], static_knobs=spec["static_knobs"],
+                             max_step=spec["max_step"], breaker=CircuitBreaker(trip_after=0))
+    if policy is None:
+        decider.refuse_start_policy(spec["missing"] or MODEL_MISSING, "")
+    return decider
+
+
+def _job(body: bytes, decider: GuardedDecider | None,
+         circuit_open: bool) -> Generator[None, None, BatchAnswer]:
+    """One batch, yielding between its stages (:func:`runtime.api.batch.batch_stages`)."""
+    if decider is None:
+        return BatchAnswer(503, b'{"detail":"the batch worker could not copy the policy; '
+                                b'retry"}', None)
+    return (yield from batch_stages(body, decider, circuit_open))
+
+
+def _serve(sock: socket.socket) -> None:
+    """Answer the server's frames until it closes its end. Jobs wait per client; each turn runs
+    one stage of the job of the client that has had the least of the worker's time since it
+    began waiting (a client that starts waiting starts level with the least served one), so a
+    client's small batch is answered after one stage of the others', and clients with large
+    batches share the worker equally."""
+    deciders: OrderedDict[tuple, GuardedDecider | None] = OrderedDict()
+    queues: dict[str, deque] = {}  # the clients with jobs, and their jobs in order
+    served: dict[str, float] = {}  # seconds of stages each of them has had while waiting
+    reader = _Reader(sock)
+    while True:
+        # take every frame that has arrived; wait for one when there is nothing to do
+        while not queues or select.select([sock], [], [], 0)[0]:
+            frame = reader.frame()
+            if frame is None:
+                return  # the server closed its end
+            meta, payload = frame
+            if meta[0] == "decider":
+                _, key, spec = meta
+                deciders.pop(key, None)
+                try:
+                    deciders[key] = _copy(spec)
+                except Exception:
+                    traceback.print_exc()
+                    deciders[key] = None
+                while len(deciders) > MAX_DECIDERS:
+                    deciders.popitem(last=False)
+            elif meta[0] == "ping":
+                head, _ = _frame((meta[1], 200, None))
+                sock.sendall(head)
+            elif meta[0] == "batch":
+                _, job, key, client, circuit_open = meta
+                if client not in queues:
+                    queues[client] = deque()
+                    served[client] = min(served.values(), default=0.0)
+                queues[client].append((job, _job(payload, deciders.get(key), circuit_open)))
+        client = min(served, key=served.__getitem__)
+        jobs = queues[client]
+        job, steps = jobs[0]
+        answer = None
+        t0 = time.perf_counter()
+        try:
+            next(steps)
+        except StopIteration as done:
+            answer = done.value
+        except Exception:
+            traceback.print_exc()
+            answer = BatchAnswer(500, b'{"detail":"internal error in the batch worker"}', None)
+        served[client] += time.perf_counter() - t0
+        if answer is not None:
+            jobs.popleft()
+            head, payload = _frame((job, answer.status, answer.stats), answer.body)
+            sock.sendall(head)
+            sock.sendall(payload)
+            if not jobs:
+                del queues[client], served[client]
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    return_large_blocks()
+    try:
+        os.nice(int(argv[1]) if len(argv) > 1 else WORKER_NICE)
+    except OSError:
+        pass
+    sock = socket.socket(fileno=int(argv[0]))
+    try:
+        _serve(sock)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    main()

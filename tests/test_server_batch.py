@@ -1,0 +1,288 @@
+"""The batch route's vectorised path: its answers are pydantic's, byte for byte and error for
+error, and the worker process that answers large bodies schedules clients fairly."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+from pydantic import TypeAdapter
+
+from runtime.api import parsing
+from runtime.api.batch import answer_batch, decisions_json, defaults_for
+from runtime.api.batch_worker import BatchWorker, WorkerUnavailable
+from runtime.api.parsing import BodyErrors, _Errors, _validate_rows, parse_batch
+from runtime.api.routes.decide import decision_out
+from runtime.api.schemas import BatchResponse
+from runtime.decider.breaker import CircuitBreaker
+from runtime.decider.guard import GuardedDecider
+from runtime.knobs import DEFAULT_KNOBS, Knobs
+from runtime.observation import OBSERVATION_NAMES, REQUIRED_NAMES, vectors_from_rows
+from tests.conftest import FIXTURES, raw_fields
+
+_RESPONSE = TypeAdapter(BatchResponse)
+DEFAULTS = defaults_for(DEFAULT_KNOBS)
+OPTIONAL = [n for n in OBSERVATION_NAMES if n not in REQUIRED_NAMES]
+BAD_VALUES = [True, None, "1", -1.0, 2.0, float("nan"), float("inf"), [1], {"a": 1}, 10**400,
+              1e400]
+
+
+def reference(rows: list) -> np.ndarray | list:
+    """What validating every row with pydantic gives: the array, or the errors."""
+    try:
+        valid = _validate_rows(rows, ("observations",), _Errors())
+    except BodyErrors as e:
+        return e.errors
+    return np.array([[{**DEFAULTS, **o}[k] for k in OBSERVATION_NAMES] for o in valid],
+                    dtype=np.float64).reshape(len(valid), len(OBSERVATION_NAMES))
+
+
+def random_rows(rng: np.random.Generator, n: int, bad: int) -> list:
+    rows = []
+    for _ in range(n):
+        knobs = Knobs.clamped(float(rng.uniform(5, 200)), float(rng.uniform(64, 16384)),
+                              float(rng.uniform(0.4, 0.95)))
+        row = raw_fields(knobs, arrival_rate_rps=float(rng.uniform(0, 500)),
+                         kv_utilization=float(rng.uniform(0, 1)))
+        for name in OPTIONAL:
+            if rng.random() < 0.2:
+                del row[name]
+        if rng.random() < 0.3:  # any key order
+            keys = list(row)
+            rng.shuffle(keys)
+            row = {k: row[k] for k in keys}
+        if rng.random() < 0.3:
+            row["running_requests"] = int(rng.integers(0, 100))  # an integer
+        rows.append(row)
+    for _ in range(bad):
+        row = rows[int(rng.integers(0, n))]
+        kind = rng.integers(0, 4)
+        name = OBSERVATION_NAMES[int(rng.integers(0, len(OBSERVATION_NAMES)))]
+        if kind == 0:
+            row[name] = BAD_VALUES[int(rng.integers(0, len(BAD_VALUES)))]
+        elif kind == 1:
+            row.pop(name, None)
+        elif kind == 2:
+            row["unknown_field"] = 1.0
+        else:
+            rows[int(rng.integers(0, n))] = [] if rng.random() < 0.5 else 3
+    return rows
+
+
+@pytest.mark.parametrize("sliced", [False, True])
+@pytest.mark.parametrize("seed", range(40))
+def test_the_array_path_answers_as_pydantic_does(seed, sliced, monkeypatch):
+    """Whole, and cut into slices (small ones here, so that every batch is cut: the worker
+    parses large bodies a slice at a time)."""
+    if sliced:
+        monkeypatch.setattr(parsing, "SLICE_BYTES", 2048)
+        monkeypatch.setattr(parsing, "SLICE_ROWS", 7)
+    rng = np.random.default_rng(seed)
+    n = int(rng.choice([1, 5, 40, 300]))
+    rows = random_rows(rng, n, bad=int(rng.integers(0, 3)))
+    body = json.dumps({"observations": rows}).encode()
+    want = reference(rows)
+    try:
+        got: np.ndarray | list = parse_batch(body, DEFAULTS)
+    except BodyErrors as e:
+        got = e.errors
+    if isinstance(want, list):
+        assert isinstance(got, list), (want[:2], "accepted")
+        if got[0]["type"] != "invalid_shape":  # else refused whole by its counts, unparsed
+            assert got == want
+        else:
+            assert len(body) > 8 * 1024
+    else:
+        assert isinstance(got, np.ndarray), got[:2]
+        assert np.array_equal(got, want)
+
+
+def _decider(policy: str = "policy") -> GuardedDecider:
+    path = FIXTURES / "policy-test-1.onnx" if policy == "policy" else None
+    return GuardedDecider(path, breaker=CircuitBreaker(trip_after=0))
+
+
+@pytest.mark.parametrize("policy", ["policy", "none"])
+def test_the_answer_is_what_pydantic_writes_byte_for_byte(policy):
+    """With the policy deciding, the PID (no policy, or a non-finite row) and the static knobs
+    (a row the PID cannot read either)."""
+    d = _decider(policy)
+    rng = np.random.default_rng(7)
+    rows = np.array([[{**DEFAULTS, **r}[k] for k in OBSERVATION_NAMES]
+                     for r in random_rows(rng, 64, bad=0)])
+    x = vectors_from_rows(rows)
+    x[3, 0] = np.nan  # the PID decides
+    x[5, :] = np.nan  # the static knobs
+    columns = d.decide_batch_columns(x)
+    want = _RESPONSE.dump_json({"decisions": [decision_out(dd) for dd in d.decide_batch(x)]})
+    assert decisions_json(columns) == want
+    assert decisions_json(d.decide_batch_columns(x[:0])) == b'{"decisions":[]}'
+    sources = {s for s in columns.sources}
+    assert sources == ({"policy", "pid", "static"} if policy == "policy" else {"pid", "static"})
+
+
+def test_a_batch_answer_counts_what_it_decided():
+    d = _decider()
+    body = json.dumps({"observations": [raw_fields()] * 10}).encode()
+    answer = answer_batch(body, d)
+    assert answer.status == 200 and answer.stats.tally == {("policy", None): 10}
+    assert d.recent.summary()["by_source"]["policy"] == 10
+    bad = answer_batch(b'{"observations": [{}]}', d)
+    assert bad.status == 422 and bad.stats is None
+    assert json.loads(bad.body)["detail"][0]["type"] == "missing"
+
+
+# ------------------------------------------------------------------------------ the worker
+@pytest.fixture(scope="module")
+def worker():
+    w = BatchWorker()
+    assert w.wait_ready()
+    yield w
+    w.close()
+
+
+def test_the_worker_answers_as_the_event_loop_does_and_follows_reloads(worker, policy_dir):
+    d = GuardedDecider(policy_dir / "policy.onnx", breaker=CircuitBreaker(trip_after=0))
+    body = json.dumps({"observations": [raw_fields(arrival_rate_rps=float(i))
+                                        for i in range(500)]}).encode()
+    answer = worker.submit(d, "a", body, False).result(timeout=30)
+    assert answer == answer_batch(body, _decider())._replace(stats=answer.stats)
+    d.reload(policy_dir / "policy-v2.onnx")
+    after = worker.submit(d, "a", body, False).result(timeout=30)
+    assert {x["policy_version"] for x in json.loads(after.body)["decisions"]} == {"test-2"}
+    opened = worker.submit(d, "a", body, True).result(timeout=30)  # the server's circuit open
+    assert {x["reason"] for x in json.loads(opened.body)["decisions"]} == {"circuit open"}
+
+
+def test_clients_take_turns_at_the_worker(worker):
+    """Client A queues six at-cap batches, then B a small one: B's answer comes before all of
+    A's but the one in progress (the least served client goes next, a stage at a time), where a
+    queue would have made it wait for all six."""
+    d = _decider()
+    big = json.dumps({"observations": [raw_fields()] * 4096}).encode()
+    small = json.dumps({"observations": [raw_fields()] * 50}).encode()
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def note(name):
+        def callback(_):
+            with lock:
+                done.append(name)
+        return callback
+
+    futures = []
+    for k in range(6):
+        f = worker.submit(d, "A", big, False)
+        f.add_done_callback(note(f"A{k}"))
+        futures.append(f)
+    time.sleep(0.05)
+    f = worker.submit(d, "B", small, False)
+    f.add_done_callback(note("B"))
+    futures.append(f)
+    for f in futures:
+        f.result(timeout=120)
+    assert done.index("B") <= 1, done
+
+
+def test_a_worker_that_dies_fails_its_batches_and_is_started_again():
+    w = BatchWorker()
+    assert w.wait_ready()
+    d = _decider()
+    body = json.dumps({"observations": [raw_fields()] * 4096}).encode()
+    future = w.submit(d, "a", body, False)
+    w._gen.proc.kill()  # the process dies under the batch
+    with pytest.raises(WorkerUnavailable):
+        future.result(timeout=30)
+    again = w.submit(d, "a", body, False).result(timeout=60)
+    assert again.status == 200
+    w.close()
+
+
+# ------------------------------------------------------------------------- request limits
+def test_large_bodies_in_progress_are_bounded_in_bytes():
+    """Two large bodies held at once fill a budget of two: the third gets 503 while they are in
+    progress, and goes through once they are done (the ASGI middleware alone: it holds under
+    any server)."""
+    import asyncio
+
+    from runtime.api.request_limits import RequestLimits
+
+    release = asyncio.Event()
+    size = 100_000
+
+    async def app(scope, receive, send):
+        body = b""
+        more = True
+        try:
+            while more:
+                message = await receive()
+                body += message.get("body", b"")
+                more = message.get("more_body", False)
+        except Exception as e:  # the 503 raised into the route (FastAPI answers it)
+            await send({"type": "http.response.start", "status": e.status_code,
+                        "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    limits = RequestLimits(app, max_body_bytes=size, max_large_bytes=2 * size)
+
+    async def post() -> int:
+        sent = []
+        scope = {"type": "http", "path": "/x",
+                 "headers": [(b"content-length", str(size).encode())]}
+        chunks = [{"type": "http.request", "body": b"x" * (size // 2), "more_body": True},
+                  {"type": "http.request", "body": b"x" * (size // 2), "more_body": False}]
+
+        async def receive():
+            return chunks.pop(0)
+
+        async def send(message):
+            sent.append(message)
+
+        await limits(scope, receive, send)
+        return sent[0]["status"]
+
+    async def main():
+        held = [asyncio.create_task(post()) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        third = await post()
+        assert limits.large_bytes == 2 * size
+        release.set()
+        assert await asyncio.gather(*held) == [200, 200]
+        assert limits.large_bytes == 0 and limits.in_progress == 0
+        return third, await post()
+
+    assert asyncio.run(main()) == (503, 200)
+
+
+def test_a_large_valid_body_is_parsed_in_slices_that_hold_its_rows(monkeypatch):
+    rows = random_rows(np.random.default_rng(3), 300, bad=0)
+    body = json.dumps({"observations": rows}, indent=1).encode()  # whitespace everywhere
+    counts, problem = parsing._refuse_what_cannot_be_valid(body, 1)
+    monkeypatch.setattr(parsing, "SLICE_BYTES", 4096)
+    slices = parsing._row_slices(body, counts)
+    assert problem is None and slices is not None and len(slices) > 10
+    assert [r for s in slices for r in json.loads(s)] == rows
+    stages = parsing.batch_rows_stages(body, DEFAULTS)
+    steps = 0
+    while True:
+        try:
+            next(stages)
+            steps += 1
+        except StopIteration as done:
+            x = done.value
+            break
+    assert steps > len(slices) and np.array_equal(x, reference(rows))
+    # a key that holds a "}" (not a field name) cuts a slice inside a string: parsed whole
+    odd = body.replace(b'"ooms"', b'"oo}ms"', 1)
+    counts, _ = parsing._refuse_what_cannot_be_valid(odd, 1)
+    assert parsing._row_slices(odd, counts) is None
+    with pytest.raises(BodyErrors) as e:
+        parse_batch(odd, DEFAULTS)
+    assert e.value.errors[0]["loc"] == ("body", "observations", 0, "ooms")
