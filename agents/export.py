@@ -219,10 +219,28 @@ def export_policy(model, vecnormalize, path: str | Path, *, policy_version: str,
     return ExportReport(path, diff, len(obs), ops, path.stat().st_size)
 
 
+def distribution_metadata(observations: np.ndarray | None) -> dict[str, str]:
+    """The out-of-distribution guard's metadata for a policy trained on ``observations`` (raw
+    vectors), or nothing (with a note on stderr) when there are too few to measure."""
+    import sys
+
+    from runtime.decider.ood_guard import MIN_SAMPLES, OOD_KEY, ObservationDistribution
+
+    if observations is None or len(observations) < MIN_SAMPLES:
+        n = 0 if observations is None else len(observations)
+        print(f"export: {n} training observations, fewer than {MIN_SAMPLES}: the policy carries "
+              "no training distribution, so the decider runs it without an "
+              "out-of-distribution guard", file=sys.stderr)
+        return {}
+    return {OOD_KEY: ObservationDistribution.measure(observations).metadata()}
+
+
 def export_best(cfg, run_dir: Path, run_name: str, traces: list[str],
-                trace_ranges: list[tuple[str, tuple]]):
+                trace_ranges: list[tuple[str, tuple]],
+                observations: np.ndarray | None = None):
     """The best model to ``policy.onnx`` (checked against torch), with ``model.zip`` and
-    ``vecnormalize.pkl`` beside it."""
+    ``vecnormalize.pkl`` beside it; ``observations``: the raw observations of training, whose
+    distribution the policy carries for the decider's out-of-distribution guard."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
@@ -237,7 +255,8 @@ def export_best(cfg, run_dir: Path, run_name: str, traces: list[str],
     onnx_path = run_dir / "policy.onnx"
     export = export_policy(best_model, best_norm, onnx_path, policy_version=run_name,
                            metadata={"batchpilot.trained_on": ",".join(traces),
-                                     "batchpilot.preset": cfg.preset})
+                                     "batchpilot.preset": cfg.preset,
+                                     **distribution_metadata(observations)})
     print(f"exported {onnx_path} ({export.bytes:,} bytes): ONNX vs torch max |diff| "
           f"{export.max_abs_diff:.2g} on {export.num_checked} observations; operators "
           f"{export.operators}")

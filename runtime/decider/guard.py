@@ -11,6 +11,11 @@ Per decision, in order:
    ``model corrupt``, ``spec mismatch``, ``bad model signature``).
 4. The circuit breaker (:mod:`runtime.decider.breaker`) takes the interval's SLO attainment
    and may keep the policy out (``circuit open``).
+4b. A policy that carries the distribution of its training observations
+   (:mod:`runtime.decider.ood_guard`) is kept out while the live observation has left it
+   (``out of distribution``): in the embedded runtime once at least ``patience`` of the last
+   ``window`` intervals were out, until ``window`` in a row are back in; for a client's
+   observation, whenever that observation is out.
 5. The policy runs; an exception (``policy error``) or a NaN or infinite action
    (``non-finite output``) sends the decision to the PID. A policy of an older spec (three
    actions) decides the first three knobs; the others are the static knobs.
@@ -58,6 +63,7 @@ from runtime.decider.decision import (
     MODEL_MISSING,
     NON_FINITE_INPUT,
     NON_FINITE_OUTPUT,
+    OUT_OF_DISTRIBUTION,
     PID_FAILED,
     POLICY_ERROR,
     Decision,
@@ -135,11 +141,14 @@ class GuardedDecider:
         2.0 or more leaves only the range clamp
     :param breaker: the circuit breaker (a default one when None; ``CircuitBreaker(trip_after=0)``
         disables it)
+    :param ood_guard: run the out-of-distribution guard of a policy that carries one (False:
+        the policy decides wherever it can, as before the guard; for measuring what it buys)
     """
 
     def __init__(self, policy: OnnxPolicy | str | Path | None = None, *,
                  pid: PidController | None = None, static_knobs: Knobs = DEFAULT_KNOBS,
-                 max_step: float = DEFAULT_MAX_STEP, breaker: CircuitBreaker | None = None) -> None:
+                 max_step: float = DEFAULT_MAX_STEP, breaker: CircuitBreaker | None = None,
+                 ood_guard: bool = True) -> None:
         if not max_step > 0.0:
             raise ValueError(f"max_step must be > 0 action units per decision, got {max_step}")
         self.pid = pid if pid is not None else PidController()
@@ -158,6 +167,8 @@ class GuardedDecider:
         self.last_error_at: float | None = None
         self.lend_guard_hits = 0
         """policy decisions whose KV ratio the policy's lending guard raised"""
+        self.ood_guard = ood_guard
+        """whether a policy's out-of-distribution guard runs"""
         # (policy, reason it is absent): replaced whole by a reload, read once per decision
         self._active: tuple[OnnxPolicy | None, str] = (None, MODEL_MISSING)
         if isinstance(policy, OnnxPolicy):
@@ -240,9 +251,14 @@ class GuardedDecider:
             return self._fallback(observation, v, NON_FINITE_INPUT, policy)
         if policy is None:
             return self._fallback(observation, v, missing, None)
+        ood = policy.ood_guard if self.ood_guard else None
+        # the embedded guard sees every interval, whoever then decides it
+        in_range = ood is None or (ood.observe(v) if feed_breaker else ood.allows_client(v))
         breaker = self.breaker
         if not (breaker.allow_policy(v[_ATTAINMENT]) if feed_breaker else breaker.is_closed()):
             return self._fallback(observation, v, CIRCUIT_OPEN, policy)
+        if not in_range:
+            return self._fallback(observation, v, OUT_OF_DISTRIBUTION, policy)
         try:
             a = policy.act(observation)
             if policy.num_actions != NUM_KNOBS:  # an older spec's: the other knobs are static
@@ -330,6 +346,12 @@ class GuardedDecider:
             except Exception as e:
                 failed = True
                 self._note_error(f"policy {policy.policy_version}: {type(e).__name__}: {e}")
+        ood = policy.ood_guard if policy is not None and self.ood_guard else None
+        out_l: list[bool] = [False] * n
+        if ood is not None and n:
+            outside = ood.distribution.outside_rows(np.where(np.isfinite(x), x, 0.0)) & finite
+            ood.client_out += int(outside.sum())
+            out_l = outside.tolist()
         finite_l: list[bool] = finite.tolist()
         ok_l: list[bool] = ok.tolist()
         circuit_open = not self.breaker.is_closed()
@@ -343,6 +365,8 @@ class GuardedDecider:
                     d = self._fallback(x[i], x[i].tolist(), missing, None)
                 elif circuit_open:
                     d = self._fallback(x[i], x[i].tolist(), CIRCUIT_OPEN, policy)
+                elif out_l[i]:
+                    d = self._fallback(x[i], x[i].tolist(), OUT_OF_DISTRIBUTION, policy)
                 elif failed:
                     d = self._fallback(x[i], x[i].tolist(), POLICY_ERROR, policy)
                 elif not ok_l[i]:
@@ -378,6 +402,9 @@ class GuardedDecider:
             "num_reloads": self.num_reloads,
             "num_failed_reloads": self.num_failed_reloads,
             "lend_guard_hits": self.lend_guard_hits,
+            "ood_guard": (policy.ood_guard.describe()
+                          if policy is not None and policy.ood_guard is not None
+                          and self.ood_guard else None),
             "last_error": self.last_error,
             "last_error_at": self.last_error_at,
         }
