@@ -45,17 +45,17 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 replay: $(STAMP)
-	$(VENV)/bin/batchpilot-replay --trace synthetic
+	$(VENV)/bin/batchpilot replay --trace synthetic
 
 evaluate: $(STAMP)
-	$(VENV)/bin/batchpilot-evaluate --trace azure-conv,azure-code --split eval
+	$(VENV)/bin/batchpilot evaluate --trace azure-conv,azure-code --split eval
 
 serve: $(STAMP)
-	$(VENV)/bin/batchpilot-serve
+	$(VENV)/bin/batchpilot serve
 
 bench: $(STAMP)
-	$(VENV)/bin/batchpilot-bench-engine && $(VENV)/bin/batchpilot-bench-env && \
-		$(VENV)/bin/batchpilot-bench-decider
+	$(VENV)/bin/batchpilot bench engine && $(VENV)/bin/batchpilot bench env && \
+		$(VENV)/bin/batchpilot bench decider
 
 lint: $(STAMP)
 	$(PY) -m ruff check runtime env agents scripts tests train.py

@@ -3,7 +3,7 @@
     python train.py                      # the default preset on the embedded synthetic trace
     python train.py --preset smoke       # under a minute, for a quick check
     python train.py --preset full        # the shipped policy's recipe (Azure traces, mixed)
-    batchpilot-train --help              # the same, installed (every Config field is a flag)
+    batchpilot train --help              # the same, installed (every Config field is a flag)
 
     python train.py --trace my_trace.csv --init-from checkpoints/shipped/policy.onnx
 
@@ -172,8 +172,9 @@ class Config(EngineChoice):
     free_knobs: str = ""
     """the knobs the policy moves, comma-separated (empty: all five); the others hold best
     static's value on the training traces (which must agree on them) in the clone, in PPO and
-    in the exported policy. Free only the levers where the oracle finds room (README, "What
-    each lever is worth"): ``kv_cache_ratio`` is the one the imitation oracle searches"""
+    in the exported policy. Free only the levers where the oracle finds room (docs/results.md,
+    "Headroom of run-time control, per lever"): ``kv_cache_ratio`` is the one the imitation
+    oracle searches"""
     eval_every: int = 50_000
     """evaluate against the baselines every this many steps"""
     select_on: Literal["all", "interactive"] = "all"
@@ -225,7 +226,7 @@ class Config(EngineChoice):
 
 SHED_AT_HALF = dict(admission=AdmissionPolicy.SHED, admission_slack=0.5)
 """late requests shed at half a TTFT target of slack: the deployment best static picks and every
-shipped figure uses (README, "What each lever is worth")"""
+shipped figure uses (docs/results.md, "Levers at fixed knobs")"""
 PRESETS: dict[str, dict] = {
     # a quick check: best static searches a grid of four settings (the full one would take
     # longer than the whole preset)
@@ -237,14 +238,14 @@ PRESETS: dict[str, dict] = {
                   static_grid="window=5;chunk=1024,2048;ratio=0.9,0.95"),
     # shed at half: under first come first served the preset's policy lent memory at the price
     # of the queue and fell to 11.65% at twice the trace's rate, where the static default held
-    # 27.64%; shed, it holds 95.65% there against the static default's 95.03% (README, Training)
+    # 27.64%; shed, it holds 95.65% there against the static default's 95.03% (README, Results)
     "default": dict(SHED_AT_HALF),
     # the shipped policy's recipe: the Azure traces, the mixed workload and the training family
     # of synthetic traffic (env/traces/families.py: load, burstiness, diurnal shape and lengths
     # drawn every two minutes, long prompts up to the context included), memory lent to a
     # co-tenant and late requests shed (best static's admission), imitation of the oracle
-    # searching the KV ratio (the one lever whose headroom passes 10%: README, "What each lever
-    # is worth"), then PPO on the reward differential to best static
+    # searching the KV ratio (the one lever whose headroom passes 10%: docs/results.md,
+    # "Headroom of run-time control, per lever"), then PPO on the reward differential to best static
     "full": dict(trace="azure-code@0.3-1.2,azure-conv@1.0-2.5,mixed@0.7-2.8,family:train@0.5-2",
                  n_envs=4,
                  cotenant=True, **SHED_AT_HALF,
@@ -292,7 +293,7 @@ def parse_config(argv: list[str] | None = None) -> Config:
 
 def refuse(message: str) -> NoReturn:
     """Exit as argparse does on a bad flag: the message on stderr, status 2."""
-    print(f"train.py: error: {message}", file=sys.stderr)
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 

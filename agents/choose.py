@@ -1,6 +1,6 @@
 """Choose a workload's policy among trained ones, on the train split only.
 
-    python -m agents.choose --trace mixed --candidates runs/run-a,runs/run-b,policy.onnx \\
+    batchpilot choose --trace mixed --candidates runs/run-a,runs/run-b,policy.onnx \\
         --admission shed --admission-slack 0.5 --cotenant
 
 The rule is the scorecard's co-tenant memory target (:mod:`agents.scorecard`): best static's
@@ -11,8 +11,8 @@ and the eligible one with the least mean KV memory is chosen. The table also say
 candidate attains at ``L*`` at least what best static attains there (the capacity target's bar
 at the one load where it is decided); ``--hold-capacity`` makes that a condition of
 eligibility too. Nothing here reads the held-out
-split unless ``--split`` says so: the held-out figures (``python -m agents.evaluate --split
-eval``) stay a test the choice never saw. Prints the table and the ``batchpilot-install-policy``
+split unless ``--split`` says so: the held-out figures (``batchpilot evaluate --split
+eval``) stay a test the choice never saw. Prints the table and the ``batchpilot install-policy``
 command that puts the chosen run into the shipped set (``--json``: one object). A candidate is a
 run folder train.py wrote (its ``policy.onnx``) or an ONNX policy file.
 """
@@ -192,8 +192,7 @@ def table(entries: list[dict], within: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = tyro.cli(Config, args=argv, prog="python -m agents.choose",
-                   description=__doc__.splitlines()[0])
+    cfg = tyro.cli(Config, args=argv, description=__doc__.splitlines()[0])
     try:
         names = [c.strip() for c in cfg.candidates.split(",") if c.strip()]
         if not names:
@@ -244,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = trace_label(cfg.trace)
     install = None
     if chosen is not None and Path(chosen["candidate"]).is_dir():
-        install = (f"batchpilot-install-policy --run {chosen['candidate']} "
+        install = (f"batchpilot install-policy --run {chosen['candidate']} "
                    f"--workload {workload}")
     if cfg.json:
         print(json.dumps({"trace": workload, "split": cfg.split, "capacity_99": capacity,

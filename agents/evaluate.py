@@ -1,6 +1,6 @@
 """The arena's command line: every controller on the same windows and loads, side by side.
 
-    python -m agents.evaluate --trace azure-conv,azure-code --split eval \\
+    batchpilot evaluate --trace azure-conv,azure-code --split eval \\
         --controllers static,best-static,pid,aimd,heuristic,oracle --rate-scales 1,2,4,8 \\
         [--admission shed --admission-slack 0.5] [--cotenant] [--match-static 0.68] \\
         [--oracle.candidates ratio=0.5,0.6,0.7,0.8,0.9,0.95 --oracle.memory-price 0.01]
@@ -146,8 +146,7 @@ def positive_numbers(text: str, flag: str, *, empty: bool = True) -> list[float]
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = tyro.cli(Config, args=argv, prog="python -m agents.evaluate",
-                   description=__doc__.splitlines()[0])
+    cfg = tyro.cli(Config, args=argv, description=__doc__.splitlines()[0])
     if cfg.report is not None:
         try:
             result = json.loads(cfg.report.read_text())

@@ -1,6 +1,6 @@
 """Put a trained run's policy into a policy set as one workload's policy.
 
-    python -m agents.install_policy --run runs/my-run --workload azure-code
+    batchpilot install-policy --run runs/my-run --workload azure-code
 
 copies the run's ``policy.onnx`` to ``<folder>/policy-<workload>.onnx`` and its ``card.md`` to
 ``<folder>/card-<workload>.md``, and names the policy for the workload in ``<folder>/
@@ -63,7 +63,7 @@ def install(run: Path, workload: str, folder: Path,
     default = "policy.onnx" if (folder / "policy.onnx").is_file() else name
     policies = (PolicySet.load(set_path) if set_path.exists()
                 else PolicySet(set_path, default,
-                               doc="one policy per workload: python -m agents.install_policy"))
+                               doc="one policy per workload: batchpilot install-policy"))
     policies = policies.with_workload(workload, name)  # checks the names before any copy
     folder.mkdir(parents=True, exist_ok=True)
     for src, dst in ((source, folder / name), (run / "card.md", folder / f"card-{workload}.md")):

@@ -198,7 +198,7 @@ static's, in the arena); run it with :data:`KV_MEMORY_PRICE`"""
 KV_MEMORY_PRICE = 0.01
 """the memory price of the co-tenant search (``OracleConfig.memory_price``): 100 GiB more KV
 pool held on average over a horizon scores as one interactive request less
-(scripts/oracle_headroom.py's kv lever was measured with it)"""
+(scripts/experiments/oracle_headroom.py's kv lever was measured with it)"""
 
 
 def parse_candidates(spec: str, base: Knobs = DEFAULT_KNOBS) -> list[Setting]:

@@ -1,6 +1,6 @@
 """Oracle labels at scale: observation in, the lookahead oracle's setting out, for imitation.
 
-    PYTHONPATH=$PWD python -m agents.oracle_label --trace azure-code --windows 8 \\
+    batchpilot oracle-label --trace azure-code --windows 8 \\
         --rate-scales 0.5 1.0 --out runs/labels/azure-code.npz
 
 Random windows of a trace split (start uniform, rate scale drawn from ``rate_scales``; seeded)

@@ -1,6 +1,6 @@
 """Tune the PID fallback's gains by random search on training windows.
 
-    python -m agents.tune_pid [--candidates 48] [--traces synthetic,azure-conv,azure-code]
+    batchpilot tune-pid [--candidates 48] [--traces synthetic,azure-conv,azure-code]
 
 Each candidate replays the same training windows (the first ``--window-s`` seconds of each
 trace's train split, at the loads listed in :data:`TUNING_LOADS`, near where the static default
@@ -89,8 +89,7 @@ class Config:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = tyro.cli(Config, args=argv, prog="python -m agents.tune_pid",
-                    description=__doc__.splitlines()[0])
+    args = tyro.cli(Config, args=argv, description=__doc__.splitlines()[0])
     for flag, value in (("--candidates", args.candidates), ("--workers", args.workers),
                         ("--window-s", args.window_s), ("--interval-s", args.interval_s)):
         if not value > 0:

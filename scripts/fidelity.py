@@ -37,7 +37,7 @@ The SLO targets default to values scaled to the shape's speed (see ``serve_repla
 Timing. ``--timer wall`` replays in wall-clock time (the serving runtime as deployed);
 ``--timer thread`` (CPU only) times every forward pass by the CPU time of its thread and replays
 in engine time, as a dedicated core would run it. On a shared CPU host the wall clock measures
-the other tenants as much as the executor, so the CPU figures in the README use ``thread``.
+the other tenants as much as the executor, so the CPU figures in docs/results.md use ``thread``.
 """
 
 from __future__ import annotations

@@ -95,7 +95,39 @@ def render_scorecard() -> str:
     return "\n".join(parts) + "\n"
 
 
-RENDERED = {"spec.md": render, "scorecard.md": render_scorecard}
+def render_cli() -> str:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli.py beside this file
+    from cli import BENCH, GROUPS, SCRIPTS
+
+    def where(target: str) -> str:
+        module = target.partition(":")[0]
+        if module.startswith(SCRIPTS + "."):
+            return f"scripts/{module.split('.', 1)[1]}.py"
+        return f"{module.replace('.', '/')}.py"
+
+    parts = ["# The batchpilot command\n\n"
+             "Rendered from the code (`scripts/cli.py`) by `python scripts/render_docs.py`; do "
+             "not edit by hand.\n\n"
+             "`pip install` puts one command on the PATH, `batchpilot`, with a verb for each job. "
+             "`batchpilot --help` lists them; `batchpilot VERB --help` lists every flag of a "
+             "verb with its one-line doc (the flags are the fields of the module's config "
+             "dataclass, built by tyro; a bad value exits with status 2 naming the flag). From "
+             "a checkout, `python train.py`, `python -m agents.<module>` and `python "
+             "scripts/<tool>.py` run the same code. `serve`, `profiles`, `roofline-profile`, "
+             "`check-published` and `bench decider` run on the runtime alone (`pip install "
+             "\"batchpilot[cpu]\"`); the others need the `train` extra."]
+    for title, verbs in [*GROUPS.items(), ("Benchmarks and checks", BENCH)]:
+        prefix = "bench " if verbs is BENCH else ""
+        parts.append(f"\n## {title}\n\n| verb | what | code |\n|---|---|---|")
+        parts += [f"| `batchpilot {prefix}{v.name}` | {v.summary} | `{where(v.target)}` |"
+                  for v in verbs]
+    parts.append("\nThe studies that produced one figure each live apart, in "
+                 "`scripts/experiments/` (not installed): each docstring names the figure and the "
+                 "page that quotes it.")
+    return "\n".join(parts) + "\n"
+
+
+RENDERED = {"spec.md": render, "scorecard.md": render_scorecard, "cli.md": render_cli}
 """each page of docs/ that is rendered from the code, and its renderer"""
 
 

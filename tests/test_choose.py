@@ -99,7 +99,7 @@ def test_the_choice_is_the_eligible_candidate_with_least_memory(chosen):
     assert result["chosen"] == best["candidate"]
     assert [e["chosen"] for e in cands] == [e is best for e in cands]
     if Path(result["chosen"]).is_dir():
-        assert result["install"].startswith(f"batchpilot-install-policy --run {result['chosen']}")
+        assert result["install"].startswith(f"batchpilot install-policy --run {result['chosen']}")
     else:
         assert result["install"] is None  # an ONNX file is not a run the installer takes
 

@@ -1,4 +1,4 @@
-"""batchpilot-install-policy puts a trained run's policy into a policy set, after the runtime has
+"""batchpilot install-policy puts a trained run's policy into a policy set, after the runtime has
 accepted it; a refused policy or a bad workload name installs nothing."""
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""scripts/learning_curve.py: variants name train.py flags; the summary is the mean over seeds."""
+"""scripts/experiments/learning_curve.py: variants name train.py flags; the summary is the mean
+over seeds."""
 
 from __future__ import annotations
 
 import pytest
 
-from scripts.learning_curve import summarise, variant_flags
+from scripts.experiments.learning_curve import summarise, variant_flags
 
 
 def test_a_variant_names_the_train_flags_it_sets():

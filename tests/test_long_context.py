@@ -141,7 +141,7 @@ def test_a_spec_1_policy_gets_the_vector_spec_1_built():
 
 def test_the_mooncake_alias_reads_from_the_traces_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("BATCHPILOT_TRACES_DIR", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match=r"download_traces.py --kind mooncake"):
+    with pytest.raises(FileNotFoundError, match=r"download-traces --kind mooncake"):
         resolve_trace("mooncake")
     (tmp_path / "mooncake-fast25").mkdir()
     write_mooncake(tmp_path / "mooncake-fast25" / "synthetic_trace.jsonl", [0, 250, 700])

@@ -1,5 +1,5 @@
-"""The per-lever headroom table (scripts/oracle_headroom.py): how arms are built, how best static
-chooses, and how a figure becomes a gain and a lever a verdict."""
+"""The per-lever headroom table (scripts/experiments/oracle_headroom.py): how arms are built, how
+best static chooses, and how a figure becomes a gain and a lever a verdict."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from runtime.knobs import DEFAULT_KNOBS, Knobs
-from scripts.oracle_headroom import (
+from scripts.experiments.oracle_headroom import (
     SettingController,
     figure_rows,
     frontier_best,

@@ -34,6 +34,10 @@ def test_the_package_list_names_every_package_folder_in_the_tree():
     assert set(PYPROJECT["tool"]["setuptools"]["packages"]) == found | set(mapped) | data
 
 
+def test_the_one_console_command_is_batchpilot():
+    assert PYPROJECT["project"]["scripts"] == {"batchpilot": "batchpilot_scripts.cli:main"}
+
+
 def test_every_console_command_points_at_a_main_that_exists():
     # read, not imported: the training commands' modules need the training stack
     for command, target in PYPROJECT["project"]["scripts"].items():
@@ -108,8 +112,8 @@ def test_a_server_installed_from_the_wheel_decides_with_the_shipped_policy(tmp_p
                      / "site-packages" / "runtime" / "checkpoints").as_posix()
 
     port = free_port()
-    server = subprocess.Popen([str(venv / "bin" / "batchpilot-serve")], cwd=tmp_path,
-                              env=dict(env, BATCHPILOT_PORT=str(port)),
+    server = subprocess.Popen([str(venv / "bin" / "batchpilot"), "serve", "--port", str(port)],
+                              cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -1,5 +1,5 @@
 """A policy set gives each workload its own policy: in the server (BATCHPILOT_WORKLOAD) and
-through batchpilot-install-policy (test_install_policy.py; the arena's side is in
+through batchpilot install-policy (test_install_policy.py; the arena's side is in
 test_arena_figures.py); a broken set is
 refused with the file and the field named. Runtime only: these run on the runtime-only install."""
 

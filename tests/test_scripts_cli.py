@@ -34,8 +34,8 @@ def stderr_of_refused(script: str, *flags: str) -> str:
     pytest.param("replay", ("--admission", "drop"),
                  "invalid choice 'drop' for argument '--admission'. Expected one of ('fcfs', "
                  "'shed', 'late_to_back')", marks=pytest.mark.training_stack),
-    pytest.param("levers", ("admission", "--capacity", "lots"), "Error parsing --capacity",
-                 marks=pytest.mark.training_stack),
+    pytest.param("experiments/levers", ("admission", "--capacity", "lots"),
+                 "Error parsing --capacity", marks=pytest.mark.training_stack),
 ])
 def test_a_bad_value_is_refused_naming_the_flag(script, flags, message):
     assert message in stderr_of_refused(script, *flags)

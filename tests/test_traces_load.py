@@ -105,7 +105,7 @@ def test_azure_trace_path_finds_the_file_under_traces_dir(monkeypatch, tmp_path)
 def test_missing_azure_trace_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setenv("BATCHPILOT_TRACES_DIR", str(tmp_path))
     path = tmp_path / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
-    message = (f"{path} not found; run `python scripts/download_traces.py` to download the "
+    message = (f"{path} not found; run `batchpilot download-traces` to download the "
                f"Azure traces into {tmp_path}, or set BATCHPILOT_TRACES_DIR to a folder that "
                "holds azure-llm-2023/AzureLLMInferenceTrace_conv.csv")
     with pytest.raises(FileNotFoundError, match=f"^{re.escape(message)}$"):

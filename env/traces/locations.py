@@ -42,7 +42,7 @@ def azure_trace_path(kind: str) -> Path:
     path = traces_dir() / AZURE_TRACE_FILES[kind]
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} not found; run `python scripts/download_traces.py` to download the Azure "
+            f"{path} not found; run `batchpilot download-traces` to download the Azure "
             f"traces into {traces_dir()}, or set {TRACES_DIR_ENV} to a folder that holds "
             f"{AZURE_TRACE_FILES[kind]}")
     return path
@@ -53,7 +53,7 @@ def mooncake_trace_path() -> Path:
     path = traces_dir() / MOONCAKE_TRACE_FILE
     if not path.is_file():
         raise FileNotFoundError(
-            f"{path} not found; run `python scripts/download_traces.py --kind mooncake` to "
+            f"{path} not found; run `batchpilot download-traces --kind mooncake` to "
             f"download it into {traces_dir()}, or set {TRACES_DIR_ENV} to a folder that holds "
             f"{MOONCAKE_TRACE_FILE}")
     return path

@@ -1,8 +1,8 @@
 """The lending guard: memory goes back to serving while the serving pool is nearly full.
 
 A policy trained with a co-tenant lowers the KV-cache ratio to lend memory, and it cannot see
-the arrivals to come: near capacity it lends into the bursts that then miss (README, "How much
-of the oracle's gain is foresight"). The guard is a floor on the ratio that holds only under
+the arrivals to come: near capacity it lends into the bursts that then miss (docs/results.md, "How
+much of the oracle's gain is foresight"). The guard is a floor on the ratio that holds only under
 pressure: when the observation's ``kv_utilization`` (the share of the serving pool in use at
 the end of the interval) is above ``kv_utilization``, the decided ratio is raised to at least
 ``kv_cache_ratio``. Below that the policy lends as it chose. The floor is applied after the
@@ -10,7 +10,7 @@ slew limit, at once: it only ever gives memory back to serving, which a pool gro
 without moving a block.
 
 A policy carries its guard in its ONNX metadata, ``batchpilot.lend_guard``, a JSON object
-``{"kv_utilization": 0.9, "kv_cache_ratio": 0.95}`` (``python -m agents.install_policy
+``{"kv_utilization": 0.9, "kv_cache_ratio": 0.95}`` (``batchpilot install-policy
 --lend-guard 0.9:0.95`` stamps it), so the arena, the embedded runtime and the REST routes all
 run the policy with the same guard. A policy without the key has none.
 """

@@ -47,7 +47,8 @@ at 2x). Three guards bound it around the static knobs (``static``, the decider's
   static knobs. Left to drift while calm, the window lengthened and the chunk shrank, which
   delayed the first token of the next long prompt: on the held-out Azure code window the PID's
   capacity at 99% attainment was 0.247x against the static default's 0.279x, under fcfs and
-  under shed at slack 0.5 alike (``scripts/pid_vs_static.py``); with this guard it is 0.285x;
+  under shed at slack 0.5 alike (``scripts/experiments/pid_vs_static.py``); with this guard it
+  is 0.285x;
 - a return to static on bad signals: when interval SLO attainment falls below
   ``bad_attainment``, the loops are not holding the SLO, so every knob goes back to static,
   except the batch share, which keeps closing (pressure is what its loop answers; closing the
@@ -91,7 +92,7 @@ _KV, _KV_PREV, _ATT = (_inverse(n, "linear")
 
 @dataclass(frozen=True)
 class PidGains:
-    """Gains and set points, tuned by ``python -m agents.tune_pid`` (random search, 40 candidates,
+    """Gains and set points, tuned by ``batchpilot tune-pid`` (random search, 40 candidates,
     on 600-s training windows of the synthetic, Azure conversation and Azure code traces near
     where the static default starts to miss; rounded to two figures). Mean SLO attainment over
     those windows: 84.7% with these gains, 81.9% for the static default, 78.0% for the

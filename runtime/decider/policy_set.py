@@ -2,7 +2,7 @@
 
 A serving deployment knows its workload (a code assistant, a chat service, a batch pipeline
 beside a chat service); a policy trained on that workload alone fits it better than one policy
-shared by all (README, "Results"). A policy set is a JSON file in the policy folder that names
+shared by all (docs/results.md). A policy set is a JSON file in the policy folder that names
 the policy of each workload and the one every other workload gets::
 
     {"policy_set": 1,

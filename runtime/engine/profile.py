@@ -4,12 +4,18 @@ A profile is a JSON file. Measured profiles come from ``scripts/profile_executor
 executor on real hardware); a roofline profile is derived from datasheet figures by
 :mod:`runtime.engine.roofline` (by name, e.g. ``h100-llama3.1-8b-40gib-roofline``, wherever a
 path is taken) and says so in its ``kind`` and ``derivation`` fields.
+
+This module knows no catalogue: a source of derived profiles registers itself in
+:data:`PROFILE_SOURCES` (the roofline catalogue does, and ``runtime/engine/__init__.py`` imports
+it, so every import of the engine has it), and :meth:`Profile.load` asks each for a name no file
+answers. So the catalogue imports this module and not the other way round.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +28,21 @@ DEFAULT_PROFILE_NAME = "h200-llama2-7b-40gib-roofline.json"
 PROFILE_KINDS = ("roofline", "measured")
 DEFAULT_MAX_MODEL_LEN = 16384
 """the context of a profile file that does not give one (every file before profiles had one)"""
+
+
+@dataclass(frozen=True)
+class ProfileSource:
+    """Profiles derived by name rather than read from a file (:data:`PROFILE_SOURCES`)."""
+
+    derive: Callable[[str], Profile | None]
+    """the profile of a name, or None when the name is not this source's"""
+    names: str
+    """how this source's names read, for the error on a name nobody knows"""
+
+
+PROFILE_SOURCES: list[ProfileSource] = []
+"""the sources :meth:`Profile.load` asks, in order, for a name that is not a file (the roofline
+catalogue, :mod:`runtime.engine.roofline`, registers itself on import)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,17 +181,14 @@ class Profile:
             if named.exists():
                 path = named
             else:
-                from runtime.engine import roofline  # imports this module
-
-                parsed = roofline.parse_profile_name(str(path))
-                if parsed is not None:
-                    return roofline.derive(*parsed)
+                for source in PROFILE_SOURCES:
+                    derived = source.derive(str(path))
+                    if derived is not None:
+                        return derived
+                names = " or ".join(s.names for s in PROFILE_SOURCES) or "none derived"
                 raise FileNotFoundError(
                     f"profile {str(path)!r} is neither a file nor a profile name; names are "
-                    f"{roofline.profile_name('MODEL', 'ACCELERATOR', 40)} with MODEL one of "
-                    f"{', '.join(roofline.MODELS)}, ACCELERATOR one of "
-                    f"{', '.join(roofline.ACCELERATORS)} (optionally xTP: h100x4), or a file in "
-                    f"{profiles_dir()}")
+                    f"{names}, or a file in {profiles_dir()}")
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError:

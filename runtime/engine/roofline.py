@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from runtime.engine.executor import GIB, MemoryModel
-from runtime.engine.profile import CostModel, Profile
+from runtime.engine.profile import PROFILE_SOURCES, CostModel, Profile, ProfileSource
 
 BLOCK_SIZE = 16
 """KV block size in tokens of every derived profile"""
@@ -267,6 +267,19 @@ def derive(model: str, accelerator: str, memory_gib: float, tp: int | None = Non
                "dtype": "bf16" if dtype_bytes == 2 else f"{dtype_bytes}-byte"},
         derivation=derivation,
     )
+
+
+def derive_named(name: str) -> Profile | None:
+    """The profile a catalogue name derives (``h100-llama3.1-8b-40gib-roofline``), or None when
+    the name is not the catalogue's."""
+    parsed = parse_profile_name(name)
+    return None if parsed is None else derive(*parsed)
+
+
+PROFILE_SOURCES.append(ProfileSource(
+    derive_named, f"{profile_name('MODEL', 'ACCELERATOR', 40)} with MODEL one of "
+                  f"{', '.join(MODELS)}, ACCELERATOR one of {', '.join(ACCELERATORS)} "
+                  "(optionally xTP: h100x4)"))
 
 
 @dataclass

@@ -1,8 +1,13 @@
 """Headroom of run-time control, per lever: the lookahead oracle against best static and static.
 
-    PYTHONPATH=$PWD python scripts/oracle_headroom.py --out runs/headroom.json [--json]
-    PYTHONPATH=$PWD python scripts/oracle_headroom.py --levers batch_share --out runs/h.json
-    PYTHONPATH=$PWD python scripts/oracle_headroom.py --report runs/h.json   # the table again
+An experiment, not a tool: it produced the per-lever headroom table quoted in docs/results.md
+("Headroom of run-time control, per lever"), the finding that only the KV ratio with a co-tenant
+passes the 10% bar, which is why the shipped recipes' imitation oracle searches that lever alone.
+
+    PYTHONPATH=$PWD python scripts/experiments/oracle_headroom.py --out runs/headroom.json
+    PYTHONPATH=$PWD python scripts/experiments/oracle_headroom.py --levers batch_share \\
+        --out runs/h.json
+    PYTHONPATH=$PWD python scripts/experiments/oracle_headroom.py --report runs/h.json
 
 One lever at a time, on the held-out split of each trace it applies to, three arms replay the
 whole split through the arena's data path (``agents.arena.run_episode``):

@@ -1,7 +1,10 @@
 """How much of the reward's spread the pairing with best static removes, on the same windows.
 
-    PYTHONPATH=$PWD python scripts/reward_variance.py --trace azure-code --scale-low 0.5 \\
-        --scale-high 1.2 --windows 32 --json
+An experiment, not a tool: it produced the spread of an episode's mean reward, raw and
+differential, quoted in docs/training.md ("Variance reduction, curriculum and imitation"):
+
+    PYTHONPATH=$PWD python scripts/experiments/reward_variance.py --trace azure-code \\
+        --scale-low 0.5 --scale-high 1.2 --windows 32 --json
 
 Plays every window of a seeded pool (as training draws them) under fixed behaviours: the static
 default's knobs held, and uniformly random actions (seeded, the same sequence on every window).

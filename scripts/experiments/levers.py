@@ -1,8 +1,13 @@
 """What the engine's levers are worth at fixed knobs, measured side by side in one run.
 
-    python scripts/levers.py admission --trace azure-code [--knobs 5,1024,0.9] \\
+An experiment, not a tool: it produced the table of goodput past capacity under each admission
+policy and the static KV frontier quoted in docs/results.md ("Levers at fixed knobs"); the arena
+(``batchpilot evaluate``) now reports both for every run (goodput past capacity, the static
+frontier).
+
+    python scripts/experiments/levers.py admission --trace azure-code [--knobs 5,1024,0.9] \\
         [--slacks 0.5 0.8 1] [--json]
-    python scripts/levers.py frontier --trace azure-code [--scale 0.582] [--json]
+    python scripts/experiments/levers.py frontier --trace azure-code [--scale 0.582] [--json]
 
 ``admission``: best static's capacity at 99% attainment with first come, first served (found by
 bisection on the held-out split unless ``--capacity`` is given), then goodput at 1x, 2x and 4x

@@ -1,8 +1,13 @@
 """The PID fallback against the static default, side by side in one run (the project standard:
 a fallback is never worse than the static default).
 
-    PYTHONPATH=$PWD python scripts/pid_vs_static.py [--traces azure-code,azure-conv] \\
-        [--loads 0.25,0.28,0.5,1,2,4] [--json]
+An experiment, not a tool: it produced the PID's capacity against the static default's quoted in
+docs/arena.md (the baselines: held-out Azure code, 0.285x against 0.279x, 0.247x without the
+calm return to static) and in runtime/decider/pid.py; the arena (``batchpilot evaluate
+--controllers static,pid``) measures the first two in every run.
+
+    PYTHONPATH=$PWD python scripts/experiments/pid_vs_static.py \\
+        [--traces azure-code,azure-conv] [--loads 0.25,0.28,0.5,1,2,4] [--json]
 
 For each held-out trace window and admission setting (fcfs, and shed at slack 0.5): capacity at
 99% attainment (bisection to 2%) and SLO attainment at each load, for ``static``, the PID with

@@ -1,6 +1,11 @@
 """Learning curves of train.py variants, same seeds and same steps, side by side.
 
-    PYTHONPATH=$PWD python scripts/learning_curve.py --variants reward=raw \\
+An experiment, not a tool: it produced the table of training variants (the raw and the
+differential reward, the curriculum, the DAgger warm start; three seeds each) and the figure in
+docs/learning_curve/, both quoted in docs/training.md ("Variance reduction, curriculum and
+imitation"), with this command:
+
+    PYTHONPATH=$PWD python scripts/experiments/learning_curve.py --variants reward=raw \\
         reward=differential --seeds 0 1 2 --out docs/learning_curve -- \\
         --preset smoke --trace azure-code@0.5-1.2 --total-timesteps 16384 --eval-every 2048
 
