@@ -235,6 +235,49 @@ def distribution_metadata(observations: np.ndarray | None) -> dict[str, str]:
     return {OOD_KEY: ObservationDistribution.measure(observations).metadata()}
 
 
+class ObservationTap:
+    """A controller that keeps every observation another one is asked to decide on."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.observations: list[np.ndarray] = []
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def decide(self, observation: np.ndarray):
+        self.observations.append(np.array(observation, dtype=np.float32))
+        return self.inner.decide(observation)
+
+
+def replayed_observations(policy: str | Path, trace_ranges: list[tuple[str, tuple]], *,
+                          config, profile: str | None = None, windows: int = 16,
+                          episode_s: float = 120.0, interval_s: float = 0.25,
+                          seed: int = 0) -> np.ndarray:
+    """The observations ``policy`` meets on the training windows of ``trace_ranges`` (each
+    trace's train split, ``windows`` episodes drawn as training's window pool draws them from
+    ``seed``), deciding every interval itself (without an out-of-distribution guard): for a
+    policy exported without its training distribution, the distribution it was trained on, as
+    near as replays of its training traffic can give it."""
+    from agents.arena import run_episode
+    from agents.policy_controller import PolicyController
+    from env.traces import split
+    from env.traces.resolve import resolve_trace
+    from env.windows import WindowPool, cut_window
+    from runtime.engine.profile import Profile
+
+    tap = ObservationTap(PolicyController(policy, ood_guard=False))
+    prof = Profile.load(profile)
+    for trace, scale_range in trace_ranges:
+        train = split(resolve_trace(trace), "train")
+        pool = WindowPool.draw(train, windows, episode_s, scale_range, seed)
+        for start, scale in zip(pool.starts, pool.scales):
+            run_episode(cut_window(train, start, scale, episode_s), tap, interval_s=interval_s,
+                        profile=prof, config=config, tally=False)
+    return np.stack(tap.observations) if tap.observations else np.empty((0, OBS_DIM))
+
+
 def export_best(cfg, run_dir: Path, run_name: str, traces: list[str],
                 trace_ranges: list[tuple[str, tuple]],
                 observations: np.ndarray | None = None):

@@ -168,3 +168,33 @@ def test_the_arenas_row_says_who_decided_and_why_on_traffic_the_policy_never_saw
         OUT_OF_DISTRIBUTION]
     bare = controller_row(spec, "policy", PolicyController(path, ood_guard=False), 1.0, False)
     assert OUT_OF_DISTRIBUTION not in bare["fallback_reasons"]
+
+
+@pytest.mark.training_stack
+def test_install_stamps_the_distribution_a_policy_meets_on_its_training_windows(tmp_path):
+    """A policy exported without its distribution gets one from its own replays of its
+    training trace's windows; the run's own file is left as it was."""
+    import shutil
+
+    from agents.install_policy import main as install_main
+    from env.traces.synthetic import poisson
+    from tests.conftest import FIXTURES
+
+    t = poisson(2.0, 300.0, seed=3)
+    trace = tmp_path / "mine.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(
+        f"{a!r},{p},{o}\n" for a, p, o in zip(t.arrival_s.tolist(), t.prompt_tokens,
+                                               t.output_tokens)))
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(FIXTURES / "policy-test-1.onnx", run / "policy.onnx")
+    before = (run / "policy.onnx").read_bytes()
+    folder = tmp_path / "set"
+    assert install_main(["--run", str(run), "--workload", "mine", "--folder", str(folder),
+                         "--stamp-distribution", f"{trace}@0.5-1"]) == 0
+    assert (run / "policy.onnx").read_bytes() == before
+    d = GuardedDecider(folder / "policy-mine.onnx")
+    guard = d.policy.ood_guard
+    assert guard is not None and guard.distribution.samples >= MIN_SAMPLES
+    # what the policy saw: two requests a second, prompts of the conversation trace's lengths
+    assert guard.distribution.outside(LONG) is not None
