@@ -309,9 +309,9 @@ def main(argv: list[str] | None = None, *,
     os.environ.setdefault("WANDB_SILENT", "true")
     import wandb
 
+    from agents.controllers.best_static import parse_grid
     from agents.export import export_best
     from agents.imitation import imitate
-    from agents.controllers.best_static import parse_grid
     from agents.oracle import SEARCH_ONLY_NAME
     from agents.registry import EvalSpec, make_controller, reference_knobs
     from agents.sb3_callbacks import CurriculumCallback, ObservationRecorder, PeriodicEval

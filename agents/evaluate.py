@@ -59,10 +59,11 @@ class Config(ProfileChoice, EngineChoice):
     split), hindsight-static (the highest capacity on the evaluated window itself: not
     deployable), pid, aimd, heuristic, oracle (an upper bound: the lookahead search anchored on
     hindsight static, or a fixed setting's run where that does better), oracle-search (the
-    search anchored on best static, no proven bound), oracle-forecast (its search on a persistence forecast of
-    the arrivals: how much of its gain is foresight), oracle-causal (arrivals and output lengths
-    forecast: what a controller could know), policy:PATH (an ONNX policy, or a policy
-    set's JSON: each trace gets its workload's policy), module:factory"""
+    search anchored on best static, no proven bound), oracle-forecast (the search on a
+    persistence forecast of the arrivals: how much of its gain is foresight), oracle-causal
+    (arrivals and output lengths forecast: what a controller could know), policy:PATH (an ONNX
+    policy, or a policy set's JSON: each trace gets its workload's policy),
+    policy-unguarded:PATH (the same without its out-of-distribution guard), module:factory"""
     rate_scales: str = "1,2,4,8"
     """rate scales, comma-separated positive numbers (2 = twice the trace's request rate)"""
     interval_s: float = DEFAULT_INTERVAL_S

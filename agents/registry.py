@@ -12,10 +12,11 @@ search anchored on best static, as training's periodic evaluation runs it: it se
 but no bound is proven for it), ``oracle-forecast`` (the search anchored on best static on a
 persistence forecast of the arrivals instead of the trace's future: how much of the search's gain
 is foresight), ``oracle-causal`` (and the output lengths forecast too: the search knowing
-nothing a controller could not), ``policy:PATH`` (an ONNX
-policy through the guarded decider; PATH may be a policy set, which gives each trace its
-workload's policy; ``policy-unguarded:PATH`` the same without its out-of-distribution guard) and ``module:factory`` (any importable factory called with
-no arguments that returns a :class:`runtime.decider.controller.Controller`).
+nothing a controller could not), ``policy:PATH`` (an ONNX policy through the guarded decider;
+PATH may be a policy set, which gives each trace its workload's policy;
+``policy-unguarded:PATH`` the same without its out-of-distribution guard) and
+``module:factory`` (any importable factory called with no arguments that returns a
+:class:`runtime.decider.controller.Controller`).
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
 
         anchor = hindsight_static(spec) if name == ORACLE_NAME else best_static(spec)
         others = [best_static(spec)] if name == ORACLE_NAME else []
-        return LookaheadOracle(search_config(name, spec.oracle), anchor=oracle_setting(anchor, spec),
+        return LookaheadOracle(search_config(name, spec.oracle),
+                               anchor=oracle_setting(anchor, spec),
                                extra=[oracle_setting(s, spec) for s in others],
                                interval_s=spec.interval_s, name=name)
     if name == "pid":

@@ -158,8 +158,8 @@ def fixed_settings_table(fixed: dict) -> str:
              "there) | measured / proven below (their bound) |", "|---|---|---|---|---|---|"]
     for trace, found in fixed.items():
         for key, f in found.items():
-            top = "; ".join(f"{_setting(e)}: x{e['capacity']:.3g} ({e['attainment_at_capacity']:.2%})"
-                            for e in f["top"])
+            top = "; ".join(f"{_setting(e)}: x{e['capacity']:.3g} "
+                            f"({e['attainment_at_capacity']:.2%})" for e in f["top"])
             rest = (f"{f['measured']} / {f['proven_below']}"
                     + (f" (< x{f['highest_bound_of_the_rest']:.3g})"
                        if f["highest_bound_of_the_rest"] is not None else ""))

@@ -571,6 +571,24 @@ def hindsight_memory_point(points: Sequence[dict]) -> dict | None:
             "best_attainment": top}
 
 
+def _hindsight_memory_cell(r: dict, top: float, kv_ref: float,
+                           role: str | None = None) -> dict:
+    """A row against the hindsight frontier's reference (``top``: the best fixed attainment at
+    the load; ``kv_ref``: the least KV a fixed setting holds within the slack of it)."""
+    kv, att = r["mean_kv_gib"], r["interactive_attainment"]
+    ratio = kv / kv_ref if kv_ref > 0 else math.inf
+    text = f"{kv:.2f} GiB @ {att:.2%} ({ratio:.2f}x)"
+    why = []
+    if att < top - MEMORY_ATTAINMENT_SLACK:
+        why.append(f"attainment {(top - att) * 100:.2f} pt below the best fixed setting's")
+    if ratio > MEMORY_RATIO_BAR:
+        why.append(f"KV {ratio:.2f}x the hindsight frontier's")
+    if role is not None:
+        return _cell(kv, text, None, role, kv_ratio=ratio)
+    return _cell(kv, text, not why, "; ".join(why), kv_ratio=ratio,
+                 attainment_gap_pt=(att - top) * 100)
+
+
 def hindsight_memory_figures(t: _Trace, cotenant: bool) -> list[dict]:
     if not cotenant or not t.hindsight:
         return []
@@ -580,36 +598,27 @@ def hindsight_memory_figures(t: _Trace, cotenant: bool) -> list[dict]:
         ref = hindsight_memory_point([p for p in t.hindsight if p["rate_scale"] == scale])
         if ref is None:
             continue
-        top, kv_ref = ref["best_attainment"], ref["mean_kv_gib"]
-
-        def cell(r: dict, role: str | None = None) -> dict:
-            kv, att = r["mean_kv_gib"], r["interactive_attainment"]
-            ratio = kv / kv_ref if kv_ref > 0 else math.inf
-            text = f"{kv:.2f} GiB @ {att:.2%} ({ratio:.2f}x)"
-            why = []
-            if att < top - MEMORY_ATTAINMENT_SLACK:
-                why.append(f"attainment {(top - att) * 100:.2f} pt below the best fixed "
-                           "setting's")
-            if ratio > MEMORY_RATIO_BAR:
-                why.append(f"KV {ratio:.2f}x the hindsight frontier's")
-            if role is not None:
-                return _cell(kv, text, None, role, kv_ratio=ratio)
-            return _cell(kv, text, not why, "; ".join(why), kv_ratio=ratio,
-                         attainment_gap_pt=(att - top) * 100)
-
+        top, kv_ref, att_ref = ref["best_attainment"], ref["mean_kv_gib"], ref[
+            "interactive_attainment"]
         cells = {}
         for c in t.subjects:
             r = t.row(c, scale)
-            cells[c] = _missing("no run at this load") if r is None else cell(r)
+            cells[c] = (_missing("no run at this load") if r is None
+                        else _hindsight_memory_cell(r, top, kv_ref))
         best, oracle = t.row(REFERENCE, scale), t.row(ORACLE_NAME, scale)
         k = ref["knobs"]
+        note = (f"the best fixed attainment here is {top:.2%}; the least KV within "
+                f"{MEMORY_ATTAINMENT_SLACK * 100:g} pt of it: {kv_ref:.2f} GiB at {att_ref:.2%} "
+                f"({k['batch_window_ms']:g} ms, {k['prefill_chunk_tokens']:,}, ratio "
+                f"{k['kv_cache_ratio']:g})")
         groups.append(t.group(
-            "hindsight_memory", load, None if best is None else cell(best, "deployable reference"),
-            None if oracle is None else cell(oracle, "upper bound"), cells,
-            f"the best fixed attainment here is {top:.2%}; the least KV within "
-            f"{MEMORY_ATTAINMENT_SLACK * 100:g} pt of it: {kv_ref:.2f} GiB at {ref['interactive_attainment']:.2%} "
-            f"({k['batch_window_ms']:g} ms, {k['prefill_chunk_tokens']:,}, ratio {k['kv_cache_ratio']:g})",
-            hindsight=_cell(kv_ref, f"{kv_ref:.2f} GiB @ {ref['interactive_attainment']:.2%}", None,
+            "hindsight_memory", load,
+            None if best is None else _hindsight_memory_cell(best, top, kv_ref,
+                                                             "deployable reference"),
+            None if oracle is None else _hindsight_memory_cell(oracle, top, kv_ref,
+                                                               "upper bound"),
+            cells, note,
+            hindsight=_cell(kv_ref, f"{kv_ref:.2f} GiB @ {att_ref:.2%}", None,
                             "least KV a fixed setting holds within the slack", setting=k)))
     return groups
 

@@ -34,6 +34,7 @@ from env.engine_choice import EngineChoice
 from env.replay import replay
 from env.traces.locations import azure_trace_path, traces_dir
 from env.traces.mixed import BatchDrops, mixed
+from env.traces.plain_csv import write_plain_csv
 from env.traces.resolve import resolve_trace
 from env.traces.transforms import rate_scale, time_window
 from runtime.engine.admission import AdmissionPolicy
@@ -65,11 +66,7 @@ def arena(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("arena")
     window = mixed(time_window(resolve_trace("azure-code"), 240.0, 420.0),
                    BatchDrops(every_s=60.0, first_s=20.0, size=40), seed=0)
-    path = tmp / "code240.csv"
-    columns = zip(window.arrival_s.tolist(), window.prompt_tokens, window.output_tokens,
-                  window.slo_class)
-    path.write_text("arrival_s,prompt_tokens,output_tokens,slo_class\n"
-                    + "".join(f"{a!r},{p},{o},{c}\n" for a, p, o, c in columns))
+    path = write_plain_csv(window, tmp / "code240.csv", classes=True)
     checkpoints, env = private_checkpoints(tmp)
     out = subprocess.run(
         [sys.executable, "-m", "agents.evaluate", "--trace", str(path), "--split", "all",

@@ -5,8 +5,6 @@ oracle is at least both at every load and in capacity at 99% and at 90%."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from agents.arena import find_capacity, summary_at
@@ -16,6 +14,7 @@ from agents.oracle import OracleConfig
 from agents.registry import EvalSpec, best_static, hindsight_search, hindsight_static
 from env.engine_choice import EngineChoice
 from env.traces.locations import azure_trace_path, traces_dir
+from env.traces.plain_csv import write_plain_csv
 from env.traces.resolve import resolve_trace
 from env.traces.transforms import time_window
 from runtime.engine.admission import AdmissionPolicy
@@ -37,10 +36,7 @@ def window(tmp_path_factory):
         pytest.skip(f"Azure code trace not found in {traces_dir()}")
     tmp = tmp_path_factory.mktemp("capacity")
     w = time_window(resolve_trace("azure-code"), 240.0, 360.0)
-    path = tmp / "code120.csv"
-    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(
-        f"{a!r},{p},{o}\n" for a, p, o in zip(w.arrival_s.tolist(), w.prompt_tokens,
-                                               w.output_tokens)))
+    path = write_plain_csv(w, tmp / "code120.csv")
     checkpoints, _ = private_checkpoints(tmp)
     oracle = OracleConfig(period_s=2.0, horizon_s=4.0, candidates="ratio=0.5,0.95",
                           memory_price=0.01)
@@ -71,7 +67,8 @@ def test_a_probe_is_the_arenas_measurement_and_stops_only_on_a_certain_miss(wind
 def test_every_capacity_is_the_arenas_and_the_rest_are_proven_below_the_top(window):
     spec, checkpoints = window
     found = capacity_static(spec, "train", 0.99, grid=GRID, workers=1, progress=False)
-    assert list((checkpoints / "best_static").glob("code120-*-capacity-*.json"))  # cached beside the grid search
+    # cached beside the grid searches
+    assert list((checkpoints / "best_static").glob("code120-*-capacity-*.json"))
     table = found["table"]
     assert len(table) >= 5  # the knob grid, then the levers around its best
     top = rank(table)[:TOP]
@@ -96,7 +93,7 @@ def test_hindsight_static_is_never_below_best_static_and_the_oracle_bounds_both(
     from agents.oracle_bound import SEARCH, bound_capacity, bound_row, portfolio
 
     spec, _ = window
-    for target, tag in ((0.99, "99"), (0.90, "90")):
+    for target in (0.99, 0.90):
         h = hindsight_search(spec, target)
         assert any(e["setting"] == best_static(spec, target=target) for e in h["table"])
         assert h["best"]["capacity"] >= _capacity(spec, best_static(spec, target=target), target)

@@ -4,7 +4,6 @@ and for a client at once; it shows in /readyz, /v1/policy, the metrics and the a
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from runtime.decider.ood_guard import (
     ObservationDistribution,
     OodGuard,
 )
-from runtime.observation import OBSERVATION_INDEX, OBSERVATION_NAMES, vector_from_fields
+from runtime.observation import OBSERVATION_INDEX
 from tests.conftest import observation, raw_fields
 
 PROMPT = OBSERVATION_INDEX["prompt_tokens_mean"]
@@ -137,17 +136,15 @@ def test_the_arenas_row_says_who_decided_and_why_on_traffic_the_policy_never_saw
     from agents.arena import controller_row
     from agents.policy_controller import PolicyController
     from agents.registry import EvalSpec
-    from env.traces.synthetic import poisson
     from env.traces.lengths import LogNormalLengths
+    from env.traces.plain_csv import write_plain_csv
+    from env.traces.synthetic import poisson
     from tests.policy_factory import make_mlp, write_policy
 
     short = poisson(4.0, 120.0, seed=0)
     long_ = poisson(1.0, 60.0, seed=1, prompt=LogNormalLengths(mean=9000.0, p99=15000.0,
                                                                 max_tokens=16000))
-    csv = tmp_path / "long.csv"
-    csv.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(
-        f"{a!r},{p},{o}\n" for a, p, o in zip(long_.arrival_s.tolist(), long_.prompt_tokens,
-                                               long_.output_tokens)))
+    csv = write_plain_csv(long_, tmp_path / "long.csv")
     from env.replay import replay
     from runtime.decider.controller import StaticController
     from runtime.knobs import DEFAULT_KNOBS
@@ -177,14 +174,12 @@ def test_install_stamps_the_distribution_a_policy_meets_on_its_training_windows(
     import shutil
 
     from agents.install_policy import main as install_main
+    from env.traces.plain_csv import write_plain_csv
     from env.traces.synthetic import poisson
     from tests.conftest import FIXTURES
 
     t = poisson(2.0, 300.0, seed=3)
-    trace = tmp_path / "mine.csv"
-    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(
-        f"{a!r},{p},{o}\n" for a, p, o in zip(t.arrival_s.tolist(), t.prompt_tokens,
-                                               t.output_tokens)))
+    trace = write_plain_csv(t, tmp_path / "mine.csv")
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(FIXTURES / "policy-test-1.onnx", run / "policy.onnx")

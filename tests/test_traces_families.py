@@ -64,3 +64,13 @@ def test_the_long_prompt_conversation_trace_keeps_the_arrivals_and_redraws_the_p
     assert np.array_equal(long.output_tokens, conv.output_tokens)
     assert long.prompt_tokens.mean() > 3 * conv.prompt_tokens.mean()
     assert long.prompt_tokens.max() <= 15384 and np.percentile(long.prompt_tokens, 99) > 12000
+
+
+def test_a_family_written_as_a_plain_csv_reads_back_to_the_same_requests(tmp_path):
+    from env.traces.plain_csv import read_plain_csv, write_plain_csv
+
+    t = split(family_trace("family:flash-crowd"), "eval")
+    back = read_plain_csv(write_plain_csv(t, tmp_path / "f.csv"))
+    assert np.array_equal(back.arrival_s, t.arrival_s - t.arrival_s[0])
+    assert np.array_equal(back.prompt_tokens, t.prompt_tokens)
+    assert np.array_equal(back.output_tokens, t.output_tokens)

@@ -289,7 +289,8 @@ def capacity_static(spec: Any, part: str, target: float, *, extra: Sequence[Best
     grid = grid or GRID
     key, sub = _key(spec, part, target, grid, extra)
     label = trace_label(spec.trace)
-    path = Path(cache_dir or best_static_dir()) / f"{label}-{key}-capacity-{sub}.json"
+    folder = Path(cache_dir or best_static_dir())
+    path = folder / f"{label}-{key}-capacity-{sub}.json"
     if path.exists():
         return _decode(json.loads(path.read_text()))
     pspec = dataclasses.replace(spec, part=part)
@@ -299,7 +300,10 @@ def capacity_static(spec: Any, part: str, target: float, *, extra: Sequence[Best
     start = BestStatic(config.start_knobs(Knobs(*[v[0] for v in grid.values()])),
                        config.admission)
     t0 = time.perf_counter()
-    known: Known = {}
+    # the probes of the other searches of this split and deployment (another target, other
+    # extra candidates) answer this one's where they can: a probe is a setting at a load
+    known = shared_probes(folder, f"{label}-{key}-capacity-")
+    before = len(known)
     with JobRunner(workers, ray=ray, progress=progress) as runner:
         found = coordinate_search(pspec, target, start=start, batch_work=batch_work, grid=grid,
                                   extra=extra, runner=runner, known=known,
@@ -310,10 +314,22 @@ def capacity_static(spec: Any, part: str, target: float, *, extra: Sequence[Best
               "extra": [setting_dict(s) for s in extra],
               "best": _entry(found["best"]), "top": [_entry(e) for e in found["ranked"][:TOP]],
               "table": [_entry(e) for e in found["entries"]],
-              "probes": len(known), "seconds": time.perf_counter() - t0}
+              "probes": len(known) - before, "seconds": time.perf_counter() - t0,
+              "probe_table": [[*setting_dict(c)["knobs"], c.admission, load, att, stopped]
+                              for (c, load), (att, stopped) in known.items()]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     return _decode(result)
+
+
+def shared_probes(folder: Path, prefix: str) -> Known:
+    """Every probe the cached searches named ``prefix*`` ran (their ``probe_table``)."""
+    known: Known = {}
+    for f in sorted(folder.glob(f"{prefix}*.json")):
+        for *knobs, admission, load, att, stopped in json.loads(f.read_text()).get(
+                "probe_table", ()):
+            known[(BestStatic(Knobs(*knobs), admission), load)] = (att, stopped)
+    return known
 
 
 def _entry(e: dict) -> dict:

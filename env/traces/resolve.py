@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from env.traces.families import FAMILIES, FAMILY_PREFIX, family_trace
 from env.traces.load import load_trace
-from env.traces.long_prompt import LONG_CONV, long_prompts
 from env.traces.locations import azure_trace_path, mooncake_trace_path
+from env.traces.long_prompt import LONG_CONV, long_prompts
 from env.traces.mixed import mixed
 from env.traces.synthetic import default_trace
 from env.traces.trace import Trace

@@ -132,8 +132,8 @@ class ObservationDistribution:
         q = np.quantile(x[:, idx], quantiles, axis=0)
         spans = np.array([_span(f) for f in CHECKED])
         return cls(CHECKED, tuple((q[0] - margin * spans).tolist()),
-                   tuple((q[1] + margin * spans).tolist()), len(x), tuple(quantiles), margin,
-                   patience, window)
+                   tuple((q[1] + margin * spans).tolist()), len(x),
+                   (float(quantiles[0]), float(quantiles[1])), margin, patience, window)
 
     def outside(self, v: Sequence[float]) -> int | None:
         """The position in :attr:`fields` of the first field of the vector ``v`` outside its
@@ -147,7 +147,9 @@ class ObservationDistribution:
     def outside_rows(self, x: np.ndarray) -> np.ndarray:
         """Per row of ``x`` (``[n, OBS_DIM]``): whether any checked field is out of range."""
         cols = np.asarray(x, dtype=np.float64)[:, self._index]
-        return ((cols < self._low) | (cols > self._high)).any(axis=1)
+        # numpy's stubs type any(axis=...) as a scalar or an array
+        out: np.ndarray = ((cols < self._low) | (cols > self._high)).any(axis=1)  # type: ignore[assignment]
+        return out
 
     def metadata(self) -> str:
         """The distribution as its metadata value."""
@@ -219,7 +221,7 @@ class OodGuard:
         d = self.distribution
         k = d.outside(v)
         out = k is not None
-        if out:
+        if k is not None:
             self.intervals_out += 1
             self._note(v, k)
         recent = self._recent
