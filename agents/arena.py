@@ -391,17 +391,19 @@ def _interactive_at(spec: EvalSpec, controller: Controller, scale: float) -> flo
     return summary_at(spec, controller, scale)["interactive_attainment"]
 
 
-def fixed_settings(spec: EvalSpec, controllers: set[str], **options) -> dict:
+def fixed_settings(spec: EvalSpec, controllers: set[str], *, capacity: bool = True,
+                   **options) -> dict:
     """Best static's searches on the train split and hindsight static's on the evaluated one
-    (capacity at 99% and at 90%), run or read from their caches here, before the arena fans
-    out, for the controllers that need them; what each found (best, top settings, how many were
-    measured and how many proven below)."""
+    (capacity at 99%, and at 90% when ``capacity`` is measured), run or read from their caches
+    here, before the arena fans out, for the controllers that need them; what each found (best,
+    top settings, how many were measured and how many proven below)."""
     from agents.controllers.capacity_search import TARGETS
 
     needs_best = bool({REFERENCE, HINDSIGHT, *SEARCH_NAMES} & controllers)
     needs_hindsight = bool({HINDSIGHT, ORACLE_NAME} & controllers)
     out: dict[str, dict] = {}
-    for target in TARGETS if needs_best else ():
+    targets = TARGETS if capacity or ORACLE_NAME in controllers else TARGETS[:1]
+    for target in targets if needs_best else ():
         tag = f"{target * 100:.0f}"
         best = capacity_search(spec, "train", target, **options)
         out[f"best_static_{tag}"] = search_summary(best)
@@ -509,8 +511,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
     wanted = set(controllers)
     for t in traces:
         resolve_trace(t)
-        fixed[trace_label(t)] = fixed_settings(specs[t], wanted, workers=workers, ray=ray,
-                                               progress=progress)
+        fixed[trace_label(t)] = fixed_settings(specs[t], wanted, capacity=capacity,
+                                               workers=workers, ray=ray, progress=progress)
         picks[t] = {r: best_static(specs[t], r) for r in frontier_ratios}
     jobs = [(specs[t], c, s, True) for t in traces for c in controllers for s in scales]
     t0 = time.perf_counter()
