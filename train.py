@@ -186,8 +186,9 @@ class Config(EngineChoice):
     evaluations whose mean attainment is within this of best static's (the scorecard's
     co-tenant memory target: half a point); while none is, the best attainment"""
     eval_oracle: bool = True
-    """run the lookahead oracle (an upper bound) once on the periodic evaluation's windows, so
-    every evaluation logs the policy's gap to it"""
+    """run the lookahead oracle's search (anchored on best static; it sees the future, but no
+    bound is proven for it) once on the periodic evaluation's windows, so every evaluation logs
+    the policy's gap to it"""
     eval_rate_scales: tuple[float, ...] = ()
     """rate scales of the periodic evaluation (empty: the quartiles of each trace's training
     range on a log scale)"""
@@ -214,6 +215,11 @@ class Config(EngineChoice):
     workers: int = 2
     """processes for the oracle's labelling and the final evaluation (or CPUs of its local Ray
     with --ray True)"""
+    static_grid: str = ""
+    """the knob grid best static's capacity search walks (training's reference, the periodic
+    and final evaluations' best static), ``window=..;chunk=..;ratio=..`` (empty: the full grid
+    of 90 settings, whose searches for the presets' deployments are cached in
+    checkpoints/best_static/)"""
     ray: bool = False
     """run the final evaluation's jobs on Ray (they also do when RAY_ADDRESS is set)"""
 
@@ -222,20 +228,26 @@ SHED_AT_HALF = dict(admission=AdmissionPolicy.SHED, admission_slack=0.5)
 """late requests shed at half a TTFT target of slack: the deployment best static picks and every
 shipped figure uses (docs/results.md, "Levers at fixed knobs")"""
 PRESETS: dict[str, dict] = {
+    # a quick check: best static searches a grid of four settings (the full one would take
+    # longer than the whole preset)
     "smoke": dict(total_timesteps=2048, n_envs=2, vec_env="dummy", n_steps=256, batch_size=128,
                   n_epochs=2, episode_s=30.0, eval_every=2048, eval_rate_scales=(1.5,),
                   eval_episode_s=60.0, final_rate_scales=(1.5,), final_controllers="static",
                   final_capacity=False, final_match_static=0.0, windows=16, dagger_rounds=1,
-                  imitation_windows=2, imitation_horizon_s=2.0, imitation_epochs=30),
+                  imitation_windows=2, imitation_horizon_s=2.0, imitation_epochs=30,
+                  static_grid="window=5;chunk=1024,2048;ratio=0.9,0.95"),
     # shed at half: under first come first served the preset's policy lent memory at the price
     # of the queue and fell to 11.65% at twice the trace's rate, where the static default held
     # 27.64%; shed, it holds 95.65% there against the static default's 95.03% (README, Results)
     "default": dict(SHED_AT_HALF),
-    # the shipped policy's recipe: the Azure traces and the mixed workload, memory lent to a
+    # the shipped policy's recipe: the Azure traces, the mixed workload and the training family
+    # of synthetic traffic (env/traces/families.py: load, burstiness, diurnal shape and lengths
+    # drawn every two minutes, long prompts up to the context included), memory lent to a
     # co-tenant and late requests shed (best static's admission), imitation of the oracle
     # searching the KV ratio (the one lever whose headroom passes 10%: docs/results.md,
     # "Headroom of run-time control, per lever"), then PPO on the reward differential to best static
-    "full": dict(trace="azure-code@0.3-1.2,azure-conv@1.0-2.5,mixed@0.7-2.8", n_envs=3,
+    "full": dict(trace="azure-code@0.3-1.2,azure-conv@1.0-2.5,mixed@0.7-2.8,family:train@0.5-2",
+                 n_envs=4,
                  cotenant=True, **SHED_AT_HALF,
                  cotenant_value=0.02, memory_price=0.0, warm_start="dagger", dagger_rounds=2,
                  imitation_windows=6, imitation_candidates="ratio=0.5,0.6,0.7,0.8,0.9,0.95",
@@ -297,11 +309,12 @@ def main(argv: list[str] | None = None, *,
     os.environ.setdefault("WANDB_SILENT", "true")
     import wandb
 
-    from agents.controllers.best_static import best_static_reference
+    from agents.controllers.best_static import parse_grid
     from agents.export import export_best
     from agents.imitation import imitate
-    from agents.registry import EvalSpec, make_controller
-    from agents.sb3_callbacks import CurriculumCallback, PeriodicEval
+    from agents.oracle import SEARCH_ONLY_NAME
+    from agents.registry import EvalSpec, make_controller, reference_knobs
+    from agents.sb3_callbacks import CurriculumCallback, ObservationRecorder, PeriodicEval
     from env.traces.resolve import resolve_trace, trace_label
     from env.windows import Curriculum
     from runtime.engine.profile import Profile
@@ -320,12 +333,15 @@ def main(argv: list[str] | None = None, *,
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
     print(f"run {run_name}: preset {cfg.preset}, traces {', '.join(traces)}, "
           f"{cfg.total_timesteps:,} steps on {cfg.n_envs} environments -> {run_dir}")
-    # best static's knobs per trace, as the arena's best static chooses them (levers included):
+    # best static's knobs per trace, as the arena's best static chooses them (the highest
+    # capacity at 99% on the train split, levers included, under the deployment's admission):
     # the pairing's reference and the imitation oracle's anchor (cached searches; a trace of
     # one's own gets its search here, once)
     engine_config = cfg.engine_config(seed=cfg.seed)
-    references = {t: best_static_reference(t, part="train", profile_path=cfg.profile,
-                                           config=engine_config) for t in traces}
+    grid = parse_grid(cfg.static_grid) if cfg.static_grid else None
+    references = {t: reference_knobs(EvalSpec(t, "train", cfg.profile, cfg.interval_s,
+                                              engine_config, static_grid=grid))
+                  for t in traces}
     for t, k in references.items():
         print(f"best static on {trace_label(t)} (train split): {k}")
     # every episode is paired with best static's replay of its window when the reward is
@@ -342,6 +358,7 @@ def main(argv: list[str] | None = None, *,
 
     # ---------------------------------------------------------------- warm start
     warm: dict[str, Any] = {}
+    taught = None  # the observations imitation labelled (if it ran)
     if cfg.init_from:
         from agents.policy_init import init_from
 
@@ -359,16 +376,19 @@ def main(argv: list[str] | None = None, *,
         print("held at best static's value: " + ", ".join(f"{k} {v:g}"
                                                            for k, v in warm["held_knobs"].items()))
     if cfg.warm_start != "none":
-        warm["imitation"] = imitate(cfg, model, venv, trace_ranges, references).as_dict()
+        report = imitate(cfg, model, venv, trace_ranges, references)
+        warm["imitation"] = report.as_dict()
+        taught = report.observations
 
     # ---------------------------------------------------------------- periodic evaluation
     windows = periodic_eval_windows(cfg, trace_ranges)
 
     def baseline(name: str):
         return lambda trace: make_controller(name, EvalSpec(trace, "eval", cfg.profile,
-                                                            cfg.interval_s, engine_config))
+                                                            cfg.interval_s, engine_config,
+                                                            static_grid=grid))
 
-    names = ("static", "pid", "best-static") + (("oracle",) if cfg.eval_oracle else ())
+    names = ("static", "pid", "best-static") + ((SEARCH_ONLY_NAME,) if cfg.eval_oracle else ())
     weights = RewardWeights(violation_weight=cfg.violation_weight, memory_price=cfg.memory_price,
                             oom_penalty=cfg.oom_penalty, batch_weight=cfg.batch_weight,
                             cotenant_value=cfg.cotenant_value)
@@ -388,7 +408,8 @@ def main(argv: list[str] | None = None, *,
         venv, run_dir, baselines, cfg.eval_every, on_evaluate=on_eval,
         interval_s=cfg.interval_s,
         attainment_floor=baselines["best-static"]["mean"] - cfg.select_within)
-    callbacks = [periodic]
+    recorder = ObservationRecorder(seed=cfg.seed)
+    callbacks = [periodic, recorder]
     curriculum = None
     if paired and cfg.windows > 0 and cfg.curriculum > 0:
         labels = [trace_label(t) for t, _ in trace_ranges]
@@ -412,7 +433,10 @@ def main(argv: list[str] | None = None, *,
     venv.save(str(run_dir / "last_vecnormalize.pkl"))
 
     # ---------------------------------------------------------------- export, evaluate, card
-    onnx_path, export = export_best(cfg, run_dir, run_name, traces, trace_ranges)
+    if recorder.seen == 0 and taught is not None:  # no PPO step: where the clone was taught
+        recorder.add(taught)
+    onnx_path, export = export_best(cfg, run_dir, run_name, traces, trace_ranges,
+                                    recorder.sample())
     result, plots, table = final_evaluation(cfg, traces, onnx_path, run_dir)
     training = {"seconds": train_s, "env_steps_per_s": steps_per_s,
                 "best_periodic_eval_mean_attainment": periodic.best_entry["mean"],

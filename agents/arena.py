@@ -40,10 +40,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agents.bisection import HIGHEST, LOWEST, TOLERANCE, walk
 from agents.controllers.best_static import GRID, RATIO_KNOB, BestStatic, BestStaticController
 from agents.oracle import ORACLE_NAME, SEARCH_NAMES, OracleConfig
 from agents.parallel import JobRunner
-from agents.registry import EvalSpec, best_static, make_controller
+from agents.registry import (
+    HINDSIGHT,
+    EvalSpec,
+    best_static,
+    capacity_search,
+    hindsight_search,
+    hindsight_static,
+    make_controller,
+)
 from agents.scorecard import REFERENCE, TARGET, scorecard
 from env.replay import replay
 from env.traces import rate_scale, split
@@ -54,7 +63,7 @@ from runtime.engine.engine import EngineConfig
 from runtime.engine.metrics import burst_onsets, recovery_times
 from runtime.engine.profile import Profile
 from runtime.engine.request import RejectReason
-from runtime.knobs import KNOB_NAMES, NUM_KNOBS
+from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, NUM_KNOBS
 from runtime.session import DEFAULT_INTERVAL_S, IntervalRecord
 
 DRAIN_LIMIT_S = 1800.0
@@ -103,6 +112,9 @@ class EpisodeResult:
     intervals"""
     timeline: dict[str, list[float]] = field(default_factory=dict)
     """per interval, when recorded (see :data:`TIMELINE_KEYS`)"""
+    reasons: dict[str, int] = field(default_factory=dict)
+    """decisions not made by the policy, by the guarded decider's reason (out of distribution,
+    circuit open, ...); empty for a controller that never falls back"""
 
     @property
     def mean_kv_gib(self) -> float:
@@ -117,6 +129,7 @@ class _Tally:
         self.knob_sum = np.zeros(NUM_KNOBS)
         self.backlog_sum = 0.0
         self.n = 0
+        self.reasons: dict[str, int] = {}
         self.timeline: dict[str, list[float]] = {k: [] for k in TIMELINE_KEYS} if record else {}
 
     def __call__(self, rec: IntervalRecord) -> None:
@@ -124,6 +137,8 @@ class _Tally:
         self.knob_sum += knobs
         self.backlog_sum += s.batch_backlog_tokens
         self.n += 1
+        if rec.reason is not None:
+            self.reasons[rec.reason] = self.reasons.get(rec.reason, 0) + 1
         if self.timeline:
             for k, v in zip(TIMELINE_KEYS, (s.end_s, *knobs, s.waiting, s.running,
                                             s.slo_attainment, s.arrival_rate, s.kv_utilization,
@@ -134,7 +149,10 @@ class _Tally:
 def run_episode(window: Trace, controller: Controller, *, interval_s: float,
                 profile: Profile, config: EngineConfig | None = None,
                 record: bool = False, tally: bool = True) -> EpisodeResult:
-    """Replay ``window`` with ``controller`` deciding every interval, until it has drained.
+    """Replay ``window`` with ``controller`` deciding every interval, until it has drained. A
+    controller of a fixed setting (one with ``start``: best static's, hindsight static's) has
+    the engine start with its knobs and admission policy, and without a tally runs straight
+    through.
 
     :param record: keep the per-interval timeline
     :param tally: average the knobs and the batch backlog (False lets a static controller's
@@ -143,13 +161,21 @@ def run_episode(window: Trace, controller: Controller, *, interval_s: float,
     controller.reset()
     end_s = float(window.arrival_s[-1]) if len(window) else 0.0
     t = _Tally(record) if tally or record else None
-    res = replay(window, decider=controller, profile=profile, config=config,
+    knobs = DEFAULT_KNOBS
+    decider: Controller | None = controller
+    start = getattr(controller, "start", None)
+    if start is not None:  # a fixed setting: the engine starts with it
+        knobs, config = start(config if config is not None else EngineConfig())
+        if t is None:
+            decider = None  # nothing to record: straight through
+    res = replay(window, knobs, decider=decider, profile=profile, config=config,
                  interval_s=interval_s, max_s=end_s + DRAIN_LIMIT_S, on_interval=t)
     if t is None:
         return EpisodeResult(res.as_dict(), res.decisions, res.sources)
     n = max(t.n, 1)
     return EpisodeResult(res.as_dict(), res.decisions, res.sources,
-                         tuple(float(k) for k in t.knob_sum / n), t.backlog_sum / n, t.timeline)
+                         tuple(float(k) for k in t.knob_sum / n), t.backlog_sum / n, t.timeline,
+                         t.reasons)
 
 
 @functools.lru_cache(maxsize=8)
@@ -186,8 +212,18 @@ def _figures(s: dict, config: EngineConfig) -> dict:
 
 def _row_job(args: tuple) -> dict:
     spec, name, scale, record = args
+    if name == ORACLE_NAME:
+        from agents.oracle_bound import bound_row
+
+        return bound_row(spec, scale, record)
+    return controller_row(spec, name, make_controller(name, spec), scale, record)
+
+
+def controller_row(spec: EvalSpec, name: str, controller: Controller, scale: float,
+                   record: bool) -> dict:
+    """The arena's row of ``controller`` (named ``name``) on the spec's window at ``scale``
+    (with its timeline when ``record``)."""
     profile = Profile.load(spec.profile_path)
-    controller = make_controller(name, spec)
     t0 = time.perf_counter()
     window = _window(spec, scale)
     ep = run_episode(window, controller, interval_s=spec.interval_s,
@@ -205,7 +241,8 @@ def _row_job(args: tuple) -> dict:
            "late": s["late"], "sim_s": s["sim_seconds"],
            "arrival_span_s": float(window.arrival_s[-1]) if len(window) else 0.0,
            **{f"mean_{k}": v for k, v in zip(KNOB_NAMES, ep.mean_knobs)},
-           "decision_sources": ep.sources, "wall_s": time.perf_counter() - t0}
+           "decision_sources": ep.sources, "fallback_reasons": ep.reasons,
+           "wall_s": time.perf_counter() - t0}
     onsets = burst_onsets(ep.timeline["arrival_rate"], spec.interval_s)
     if onsets:
         rec = recovery_times(ep.timeline["slo_attainment"], onsets, spec.interval_s)
@@ -219,42 +256,20 @@ def _row_job(args: tuple) -> dict:
 
 
 def find_capacity(attainment: Callable[[float], float], target: float,
-                  known: dict[float, float], *, tolerance: float = 0.02,
-                  lowest: float = 1 / 64, highest: float = 64.0, start: float = 1.0) -> float:
-    """The largest rate scale with attainment >= ``target``, by geometric bisection until the
-    bracket is within ``tolerance``. Returns 0 when even ``lowest`` misses, ``highest`` when it
-    never misses.
+                  known: dict[float, float], *, tolerance: float = TOLERANCE,
+                  lowest: float = LOWEST, highest: float = HIGHEST, start: float = 1.0) -> float:
+    """The largest rate scale with attainment >= ``target``: the fixed-grid walk of
+    :mod:`agents.bisection` (``start`` doubled or halved until the target is bracketed, then
+    geometric midpoints until the bracket is within ``tolerance``). Returns 0 when even
+    ``lowest`` misses, ``highest`` when it never misses.
 
-    The loads probed lie on one fixed grid: ``start`` doubled or halved until the target is
-    bracketed, then geometric midpoints. ``known`` (scales already measured, which also gets the
-    new ones) only saves a probe that lands on a scale it holds; it never moves the bracket. So
-    the answer depends on the controller and the trace alone, not on the loads a run happened to
-    measure first: attainment is not monotone in the load at this resolution, and a bracket taken
-    from those loads found another crossing in another run."""
-
-    def att(s: float) -> float:
-        if s not in known:
-            known[s] = attainment(s)
-        return known[s]
-
-    lo = hi = start
-    if att(start) >= target:
-        while att(hi) >= target:
-            if hi >= highest:
-                return highest
-            lo, hi = hi, min(highest, hi * 2)
-    else:
-        while att(lo) < target:
-            if lo <= lowest:
-                return 0.0
-            hi, lo = lo, max(lowest, lo / 2)
-    while hi / lo > 1 + tolerance:
-        mid = math.sqrt(lo * hi)
-        if att(mid) >= target:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    ``known`` (scales already measured, which also gets the new ones) only saves a probe that
+    lands on a scale it holds; it never moves the bracket. So the answer depends on the
+    controller and the trace alone, not on the loads a run happened to measure first: attainment
+    is not monotone in the load at this resolution, and a bracket taken from those loads found
+    another crossing in another run."""
+    return walk(attainment, target, known, tolerance=tolerance, lowest=lowest, highest=highest,
+                start=start)
 
 
 def _capacity_job(args: tuple) -> dict:
@@ -263,9 +278,36 @@ def _capacity_job(args: tuple) -> dict:
     meet their hour, so an all-class capacity put best static under 99% interactive at its own
     capacity. On traces without batch work the two are the same."""
     spec, name, known = args  # known: {scale: (interactive attainment, goodput_rps)} measured
+    if name == ORACLE_NAME:
+        from agents.oracle_bound import bound_capacity
+
+        return bound_capacity(spec, known)
+    attainment = {scale: k[0] for scale, k in known.items()}
+    goodput = {scale: k[1] for scale, k in known.items()}
+    out = {"controller": name, "upper_bound": is_upper_bound(name),
+           "trace": trace_label(spec.trace)}
+    if name in (REFERENCE, HINDSIGHT):
+        # each figure with the setting tuned for it: best static on the train split, hindsight
+        # static on this window (its search already walked it here: the same walk, the same
+        # answer)
+        for target, key in ((TARGET, "capacity_99"), (0.90, "capacity_90")):
+            if name == HINDSIGHT:
+                found = hindsight_search(spec, target)["best"]
+                setting, out[key] = found["setting"], found["capacity"]
+            else:
+                setting = best_static(spec, target=target)
+                c = BestStaticController(setting.knobs, setting.admission, name=name)
+                own = attainment if target == TARGET else {}  # the rows hold the 99% setting
+                out[key] = find_capacity(functools.partial(_interactive_at, spec, c), target,
+                                         own)
+            out[f"setting_{key[-2:]}"] = {"knobs": setting.knobs.as_dict(),
+                                          "admission": setting.admission}
+        cap99 = out["capacity_99"]
+        if cap99 not in goodput and cap99 > 0:
+            goodput[cap99] = summary_at(spec, make_controller(name, spec), cap99)["goodput_rps"]
+        return {**out, "goodput_at_capacity_99_rps": goodput.get(cap99),
+                "evaluations": len(attainment)}
     controller = make_controller(name, spec)
-    attainment = {scale: a for scale, (a, _) in known.items()}
-    goodput = {scale: g for scale, (_, g) in known.items()}
 
     def measure(scale: float) -> float:
         s = summary_at(spec, controller, scale)
@@ -274,8 +316,7 @@ def _capacity_job(args: tuple) -> dict:
 
     cap99 = find_capacity(measure, TARGET, attainment)
     cap90 = find_capacity(measure, 0.90, attainment)
-    return {"controller": name, "upper_bound": is_upper_bound(name),
-            "trace": trace_label(spec.trace), "capacity_99": cap99, "capacity_90": cap90,
+    return {**out, "capacity_99": cap99, "capacity_90": cap90,
             "goodput_at_capacity_99_rps": goodput.get(cap99), "evaluations": len(attainment)}
 
 
@@ -296,10 +337,12 @@ def _loads_past(rows: Sequence[dict], trace: str, controller: str,
                    and "neighbour_of" not in r})
 
 
-def _known(rows: Sequence[dict], trace: str, controller: str) -> dict[float, tuple[float, float]]:
-    """(interactive attainment, goodput) by rate scale of a controller's rows on a trace."""
-    return {r["rate_scale"]: (r["interactive_attainment"], r["goodput_rps"]) for r in rows
-            if r["trace"] == trace and r["controller"] == controller}
+def _known(rows: Sequence[dict], trace: str, controller: str) -> dict[float, tuple]:
+    """(interactive attainment, goodput) by rate scale of a controller's rows on a trace, and
+    for the oracle's rows the search's own interactive attainment third."""
+    return {r["rate_scale"]: (r["interactive_attainment"], r["goodput_rps"])
+            + ((r["search"]["interactive_attainment"],) if "search" in r else ())
+            for r in rows if r["trace"] == trace and r["controller"] == controller}
 
 
 def past_capacity_table(rows: Sequence[dict], capacity: Sequence[dict]) -> list[dict]:
@@ -348,6 +391,63 @@ def _interactive_at(spec: EvalSpec, controller: Controller, scale: float) -> flo
     return summary_at(spec, controller, scale)["interactive_attainment"]
 
 
+def fixed_settings(spec: EvalSpec, controllers: set[str], *, capacity: bool = True,
+                   **options) -> dict:
+    """Best static's searches on the train split and hindsight static's on the evaluated one
+    (capacity at 99%, and at 90% when ``capacity`` is measured), run or read from their caches
+    here, before the arena fans out, for the controllers that need them; what each found (best,
+    top settings, how many were measured and how many proven below)."""
+    from agents.controllers.capacity_search import TARGETS
+
+    needs_best = bool({REFERENCE, HINDSIGHT, *SEARCH_NAMES} & controllers)
+    needs_hindsight = bool({HINDSIGHT, ORACLE_NAME} & controllers)
+    out: dict[str, dict] = {}
+    targets = TARGETS if capacity or ORACLE_NAME in controllers else TARGETS[:1]
+    for target in targets if needs_best else ():
+        tag = f"{target * 100:.0f}"
+        best = capacity_search(spec, "train", target, **options)
+        out[f"best_static_{tag}"] = search_summary(best)
+        if needs_hindsight:
+            out[f"hindsight_{tag}"] = search_summary(
+                best if spec.part == "train" else
+                capacity_search(spec, spec.part, target, (best["best"]["setting"],), **options))
+    return out
+
+
+def search_summary(found: dict) -> dict:
+    """A capacity search's result for the arena's JSON: its best and top settings, and how
+    many candidates it measured and proved below them."""
+    def entry(e: dict) -> dict:
+        s = e["setting"]
+        return {"knobs": s.knobs.as_dict(), "admission": s.admission,
+                "capacity": e["capacity"], "below": e["below"],
+                "attainment_at_capacity": e["attainment_at_capacity"]}
+
+    table = found["table"]
+    below = [e["below"] for e in table if e["capacity"] is None]
+    return {"split": found["split"], "target": found["target"], "best": entry(found["best"]),
+            "top": [entry(e) for e in found["top"]], "candidates": len(table),
+            "measured": len(table) - len(below), "proven_below": len(below),
+            "highest_bound_of_the_rest": max(below) if below else None,
+            "probes": found["probes"], "tie_rule": found["tie_rule"]}
+
+
+def hindsight_grid(spec: EvalSpec) -> list[BestStatic]:
+    """The knob grid under hindsight static's levers (capacity at 99%): the settings whose
+    points make the hindsight frontier."""
+    from agents.controllers.capacity_search import knob_grid
+
+    return knob_grid(hindsight_static(spec), spec.static_grid or GRID)
+
+
+def _hindsight_point_job(args: tuple) -> dict:
+    spec, setting, scale = args
+    s = summary_at(spec, BestStaticController(setting.knobs, setting.admission), scale)
+    return {"trace": trace_label(spec.trace), "rate_scale": scale,
+            "knobs": setting.knobs.as_dict(), "admission": setting.admission,
+            **_figures(s, spec.config)}
+
+
 def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence[float], *,
              part: str = "eval", interval_s: float = DEFAULT_INTERVAL_S,
              profile_path: str | None = None, config: EngineConfig | None = None,
@@ -359,7 +459,8 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
              scorecard_rate_scales: Sequence[float] = (),
              oracle: OracleConfig | None = None,
              capacity_controllers: Sequence[str] | None = None,
-             neighbours: Sequence[float] = ()) -> dict:
+             neighbours: Sequence[float] = (), static_grid: dict[str, tuple] | None = None,
+             hindsight_frontier: bool = True) -> dict:
     """Run the arena; returns ``{"rows", "capacity", "static_match", "past_capacity",
     "frontier", "scorecard", "deployment", ...}``.
 
@@ -394,17 +495,24 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
         controller but the lookahead searches runs at too (rows with ``"neighbour_of"``: the
         load's rate scale); needs the capacity search and best static, as ``past_capacity``
         does (the command's default: :data:`LOAD_NEIGHBOURS`; empty here)
+    :param static_grid: the knob grid of best static's and hindsight static's capacity searches
+        (None: :data:`agents.controllers.best_static.GRID`)
+    :param hindsight_frontier: with hindsight static among ``controllers``, replay that grid at
+        the scorecard loads on the evaluated window (the hindsight frontier of memory against
+        attainment, the memory target's reference)
     """
     config = config or EngineConfig()
     oracle = oracle or OracleConfig()
     specs = {t: EvalSpec(t, part, profile_path, interval_s, config, tuning_scales=tuning_scales,
-                         oracle=oracle) for t in traces}
-    # resolve names and fill the best-static caches before fanning out (a search has its pool)
+                         oracle=oracle, static_grid=static_grid) for t in traces}
+    # resolve names and fill the searches' caches before fanning out (a search has its pool)
     picks: dict[str, dict[float, BestStatic]] = {}
+    fixed: dict[str, dict] = {}
+    wanted = set(controllers)
     for t in traces:
         resolve_trace(t)
-        if {"best-static", *SEARCH_NAMES} & set(controllers):
-            make_controller("best-static", specs[t])
+        fixed[trace_label(t)] = fixed_settings(specs[t], wanted, capacity=capacity,
+                                               workers=workers, ray=ray, progress=progress)
         picks[t] = {r: best_static(specs[t], r) for r in frontier_ratios}
     jobs = [(specs[t], c, s, True) for t in traces for c in controllers for s in scales]
     t0 = time.perf_counter()
@@ -440,7 +548,7 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
             cjobs = [(specs[t], c, _known(rows, trace_label(t), c))
                      for t in traces for c in searched]
             # the capacity jobs take longest for the best controllers: start them first
-            cjobs.sort(key=lambda j: -sum(a for a, _ in j[2].values()))
+            cjobs.sort(key=lambda j: -sum(k[0] for k in j[2].values()))
             cap.extend(pool.map(_capacity_job, cjobs, desc="capacities"))
         ref = {c["trace"]: c["capacity_99"] for c in cap if c["controller"] == REFERENCE}
         if past_capacity and ref:
@@ -478,9 +586,18 @@ def evaluate(traces: Sequence[str], controllers: Sequence[str], scales: Sequence
                  for s in dict.fromkeys([*scales, *(ld["rate_scale"] for ld in loads
                                                     if ld["trace"] == trace_label(t))])]
         frontier.extend(pool.map(_frontier_job, fjobs, desc="static frontier"))
-    card = scorecard(rows, cap, matched, frontier, loads, cotenant=config.cotenant is not None)
+        hindsight_points: list[dict] = []
+        if hindsight_frontier and HINDSIGHT in wanted:
+            hjobs = [(specs[t], s, ld["rate_scale"]) for t in traces
+                     for s in hindsight_grid(specs[t]) for ld in loads
+                     if ld["trace"] == trace_label(t)]
+            hindsight_points = pool.map(_hindsight_point_job, hjobs,
+                                        desc="hindsight frontier")
+    card = scorecard(rows, cap, matched, frontier, loads, cotenant=config.cotenant is not None,
+                     hindsight=hindsight_points)
     return {"rows": rows, "capacity": cap, "static_match": matched,
             "past_capacity": past_capacity_table(rows, cap), "frontier": frontier,
+            "fixed_settings": fixed, "hindsight_frontier": hindsight_points,
             "scorecard": card, "deployment": deployment(config),
             "oracle": (dataclasses.asdict(oracle)
                        if set(SEARCH_NAMES) & set(controllers) else None),

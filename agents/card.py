@@ -24,11 +24,14 @@ def final_evaluation(cfg, traces: list[str], onnx_path: Path, run_dir: Path):
     if any(own_trace(t) for t in traces):  # an operator's trace: compare with its own bounds
         controllers += [c for c in ("best-static", ORACLE_NAME) if c not in controllers]
     controllers.append(f"policy:{onnx_path}")
+    from agents.controllers.best_static import parse_grid
+
     result = evaluate(traces, controllers, cfg.final_rate_scales, part="eval",
                       interval_s=cfg.interval_s, profile_path=cfg.profile,
                       config=cfg.engine_config(seed=cfg.seed),
                       capacity=cfg.final_capacity, workers=cfg.workers, ray=cfg.ray or None,
-                      match_static=cfg.final_match_static or None)
+                      match_static=cfg.final_match_static or None,
+                      static_grid=parse_grid(cfg.static_grid) if cfg.static_grid else None)
     plots = plot(result["rows"], run_dir / "plots")
     for r in result["rows"]:
         r.pop("timeline", None)

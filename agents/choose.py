@@ -28,6 +28,7 @@ from typing import Literal
 import tyro
 
 from agents.arena import evaluate
+from agents.controllers.best_static import parse_grid
 from agents.evaluate import positive_numbers
 from agents.registry import EvalSpec, make_controller
 from agents.scorecard import MEMORY_ATTAINMENT_SLACK, REFERENCE, TARGET
@@ -58,7 +59,11 @@ class Config(ProfileChoice, EngineChoice):
     (a few hundredths of a point), and on the conversation and mixed train splits no trained
     policy passes it"""
     tuning_scales: str | None = None
-    """rate scales best static is tuned at, comma-separated (default: the registry's)"""
+    """rate scales of best static's attainment search (its frontier), comma-separated (default:
+    the registry's)"""
+    static_grid: str = ""
+    """the knob grid of best static's capacity search, ``window=..;chunk=..;ratio=..`` (empty:
+    the full grid)"""
     interval_s: float = DEFAULT_INTERVAL_S
     """the decision interval, engine seconds"""
     workers: int = 2
@@ -218,8 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         profile = cfg.spec()
         config = cfg.engine_config()
         resolve_trace(cfg.trace)  # fail fast on a missing or unreadable trace
+        grid = parse_grid(cfg.static_grid) if cfg.static_grid else None
         spec = EvalSpec(cfg.trace, cfg.split, profile, cfg.interval_s, config,
-                        tuning_scales=tuning)
+                        tuning_scales=tuning, static_grid=grid)
         for c in controllers:
             make_controller(c, spec)  # fail fast on a policy the runtime refuses
     except (ValueError, FileNotFoundError) as e:
@@ -227,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     common = dict(part=cfg.split, interval_s=cfg.interval_s, profile_path=profile,
                   config=config, workers=cfg.workers, progress=not cfg.json,
-                  tuning_scales=tuning)
+                  tuning_scales=tuning, static_grid=grid)
     found = evaluate([cfg.trace], [REFERENCE], [1.0], capacity=True, **common)
     capacity = next(c["capacity_99"] for c in found["capacity"]
                     if c["controller"] == REFERENCE)

@@ -36,9 +36,10 @@ from agents.arena import (
     SCORECARD_LOADS,
     evaluate,
 )
-from agents.oracle import CAUSAL_NAME, FORECAST_NAME, ORACLE_NAME, OracleConfig
-from agents.registry import BASELINES, EvalSpec, make_controller
-from agents.report import markdown_table, plot, scorecard_table, write_json
+from agents.controllers.best_static import parse_grid
+from agents.oracle import CAUSAL_NAME, FORECAST_NAME, SEARCH_NAMES, OracleConfig
+from agents.registry import BASELINES, HINDSIGHT, EvalSpec, make_controller
+from agents.report import fixed_settings_table, markdown_table, plot, scorecard_table, write_json
 from agents.scorecard import REFERENCE
 from agents.vllm_arena import VllmArena, main_vllm
 from env.engine_choice import EngineChoice
@@ -55,11 +56,15 @@ class Config(ProfileChoice, EngineChoice):
     split: Literal["train", "eval", "all"] = "eval"
     """the part of each trace that is replayed (one window)"""
     controllers: str = ",".join(BASELINES)
-    """controllers, comma-separated: static, best-static, pid, aimd, heuristic, oracle (the
-    lookahead oracle: an upper bound), oracle-forecast (its search on a persistence forecast of
-    the arrivals: how much of its gain is foresight), oracle-causal (arrivals and output lengths
-    forecast: what a controller could know), policy:PATH (an ONNX policy, or a policy
-    set's JSON: each trace gets its workload's policy), module:factory"""
+    """controllers, comma-separated: static, best-static (the highest capacity on the train
+    split), hindsight-static (the highest capacity on the evaluated window itself: not
+    deployable), pid, aimd, heuristic, oracle (an upper bound: the lookahead search anchored on
+    hindsight static, or a fixed setting's run where that does better), oracle-search (the
+    search anchored on best static, no proven bound), oracle-forecast (the search on a
+    persistence forecast of the arrivals: how much of its gain is foresight), oracle-causal
+    (arrivals and output lengths forecast: what a controller could know), policy:PATH (an ONNX
+    policy, or a policy set's JSON: each trace gets its workload's policy),
+    policy-unguarded:PATH (the same without its out-of-distribution guard), module:factory"""
     rate_scales: str = "1,2,4,8"
     """rate scales, comma-separated positive numbers (2 = twice the trace's request rate)"""
     interval_s: float = DEFAULT_INTERVAL_S
@@ -97,6 +102,13 @@ class Config(ProfileChoice, EngineChoice):
     --controllers and the capacity search; "" skips)"""
     scorecard_rate_scales: str = ""
     """the scorecard's loads as rate scales instead, comma-separated (every trace)"""
+    static_grid: str = ""
+    """the knob grid of best static's and hindsight static's capacity searches,
+    ``window=..;chunk=..;ratio=..`` (an axis left out keeps the default grid's: windows 5, 20,
+    60 ms; chunks 256 to 8,192; ratios 0.5 to 0.95)"""
+    hindsight_frontier: bool = True
+    """with hindsight-static among --controllers, replay its grid at the scorecard loads (the
+    memory target's hindsight frontier; --no-hindsight-frontier skips it)"""
     oracle: OracleConfig = field(default_factory=OracleConfig)
     """how the oracle searches (the co-tenant search of the KV ratio: the candidates
     agents.oracle.KV_CANDIDATES at the price KV_MEMORY_PRICE; docs/scorecard.md)"""
@@ -185,12 +197,13 @@ def main(argv: list[str] | None = None) -> int:
             if not ratio.low <= r <= ratio.high:
                 raise ValueError(f"--frontier-ratios: {r:g} is outside the KV ratio's range "
                                  f"[{ratio.low:g}, {ratio.high:g}]")
+        grid = parse_grid(cfg.static_grid) if cfg.static_grid else None
         spec = EvalSpec(traces[0], cfg.split, profile, cfg.interval_s, config,
-                        tuning_scales=tuning, oracle=cfg.oracle)
+                        tuning_scales=tuning, oracle=cfg.oracle, static_grid=grid)
         for t in traces:
             resolve_trace(t)  # fail fast on a missing or unreadable trace
         for c in controllers:
-            if c not in ("best-static", ORACLE_NAME):  # these two search first
+            if c not in ("best-static", HINDSIGHT, *SEARCH_NAMES):  # these search first
                 make_controller(c, spec)  # fail fast on a bad name or policy file
     except (ValueError, FileNotFoundError) as e:
         print(f"evaluate: {e}", file=sys.stderr)
@@ -201,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                       match_static=cfg.match_static, tuning_scales=tuning,
                       past_capacity=past, frontier_ratios=ratios, scorecard_loads=card_loads,
                       scorecard_rate_scales=card_scales, oracle=cfg.oracle,
-                      capacity_controllers=searched, neighbours=neighbours)
+                      capacity_controllers=searched, neighbours=neighbours, static_grid=grid,
+                      hindsight_frontier=cfg.hindsight_frontier)
     plots = plot(result["rows"], cfg.out, result["frontier"])
     path = write_json(result, cfg.out / "results.json")
     if cfg.json:
@@ -221,8 +235,10 @@ def tables(result: dict) -> str:
     rows = [r for r in result["rows"] if "neighbour_of" not in r]
     # a results.json written before the scorecard had its name keeps it under "figures"
     card = result["scorecard"] if "scorecard" in result else result["figures"]
+    fixed = fixed_settings_table(result.get("fixed_settings", {}))
     return (markdown_table(rows, result["capacity"], result["past_capacity"],
-                           result["frontier"]) + "\n\n" + scorecard_table(card))
+                           result["frontier"]) + ("\n\n" + fixed if fixed else "")
+            + "\n\n" + scorecard_table(card))
 
 
 if __name__ == "__main__":

@@ -219,10 +219,71 @@ def export_policy(model, vecnormalize, path: str | Path, *, policy_version: str,
     return ExportReport(path, diff, len(obs), ops, path.stat().st_size)
 
 
+def distribution_metadata(observations: np.ndarray | None) -> dict[str, str]:
+    """The out-of-distribution guard's metadata for a policy trained on ``observations`` (raw
+    vectors), or nothing (with a note on stderr) when there are too few to measure."""
+    import sys
+
+    from runtime.decider.ood_guard import MIN_SAMPLES, OOD_KEY, ObservationDistribution
+
+    if observations is None or len(observations) < MIN_SAMPLES:
+        n = 0 if observations is None else len(observations)
+        print(f"export: {n} training observations, fewer than {MIN_SAMPLES}: the policy carries "
+              "no training distribution, so the decider runs it without an "
+              "out-of-distribution guard", file=sys.stderr)
+        return {}
+    return {OOD_KEY: ObservationDistribution.measure(observations).metadata()}
+
+
+class ObservationTap:
+    """A controller that keeps every observation another one is asked to decide on."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.observations: list[np.ndarray] = []
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def decide(self, observation: np.ndarray):
+        self.observations.append(np.array(observation, dtype=np.float32))
+        return self.inner.decide(observation)
+
+
+def replayed_observations(policy: str | Path, trace_ranges: list[tuple[str, tuple]], *,
+                          config, profile: str | None = None, windows: int = 16,
+                          episode_s: float = 120.0, interval_s: float = 0.25,
+                          seed: int = 0) -> np.ndarray:
+    """The observations ``policy`` meets on the training windows of ``trace_ranges`` (each
+    trace's train split, ``windows`` episodes drawn as training's window pool draws them from
+    ``seed``), deciding every interval itself (without an out-of-distribution guard): for a
+    policy exported without its training distribution, the distribution it was trained on, as
+    near as replays of its training traffic can give it."""
+    from agents.arena import run_episode
+    from agents.policy_controller import PolicyController
+    from env.traces import split
+    from env.traces.resolve import resolve_trace
+    from env.windows import WindowPool, cut_window
+    from runtime.engine.profile import Profile
+
+    tap = ObservationTap(PolicyController(policy, ood_guard=False))
+    prof = Profile.load(profile)
+    for trace, scale_range in trace_ranges:
+        train = split(resolve_trace(trace), "train")
+        pool = WindowPool.draw(train, windows, episode_s, scale_range, seed)
+        for start, scale in zip(pool.starts, pool.scales):
+            run_episode(cut_window(train, start, scale, episode_s), tap, interval_s=interval_s,
+                        profile=prof, config=config, tally=False)
+    return np.stack(tap.observations) if tap.observations else np.empty((0, OBS_DIM))
+
+
 def export_best(cfg, run_dir: Path, run_name: str, traces: list[str],
-                trace_ranges: list[tuple[str, tuple]]):
+                trace_ranges: list[tuple[str, tuple]],
+                observations: np.ndarray | None = None):
     """The best model to ``policy.onnx`` (checked against torch), with ``model.zip`` and
-    ``vecnormalize.pkl`` beside it."""
+    ``vecnormalize.pkl`` beside it; ``observations``: the raw observations of training, whose
+    distribution the policy carries for the decider's out-of-distribution guard."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
@@ -237,7 +298,8 @@ def export_best(cfg, run_dir: Path, run_name: str, traces: list[str],
     onnx_path = run_dir / "policy.onnx"
     export = export_policy(best_model, best_norm, onnx_path, policy_version=run_name,
                            metadata={"batchpilot.trained_on": ",".join(traces),
-                                     "batchpilot.preset": cfg.preset})
+                                     "batchpilot.preset": cfg.preset,
+                                     **distribution_metadata(observations)})
     print(f"exported {onnx_path} ({export.bytes:,} bytes): ONNX vs torch max |diff| "
           f"{export.max_abs_diff:.2g} on {export.num_checked} observations; operators "
           f"{export.operators}")

@@ -77,6 +77,8 @@ class ImitationReport:
     """who labelled: the oracle, or its search on forecast arrivals (its controller name)"""
     rounds: list[dict] = field(default_factory=list)
     """per round: labels, held-out action MSE before and after cloning, seconds"""
+    observations: np.ndarray | None = None
+    """every labelled observation (raw vectors): where the clone was taught"""
 
     def as_dict(self) -> dict:
         return {"teacher": self.teacher, "rounds": self.rounds}
@@ -343,6 +345,7 @@ def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, 
         log(f"DAgger round {r + 1}: {row['labels']} labels on the policy's own states, held-out "
             f"action MSE {row['held_out_mse_before']} -> {row['held_out_mse_after']} "
             f"({time.perf_counter() - t0:.0f} s)")
+    report.observations = as_arrays(labels)[0]
     return report
 
 

@@ -10,6 +10,12 @@ then serves it with ``BATCHPILOT_WORKLOAD=<workload>``, and the arena runs it on
 ``policy:<folder>/policies.json``. The policy is checked by the runtime's decider before
 anything is written: a policy the runtime would refuse is never installed.
 
+``--stamp-distribution azure-code@0.3-1.2`` stamps the installed copy with the distribution of
+the observations the policy meets on those traces' training windows (its own replays, under the
+deployment the flags name), for a policy exported before training recorded it: the decider's
+out-of-distribution guard (:mod:`runtime.decider.ood_guard`) then hands control to the PID where
+the live observations leave it.
+
 ``--lend-guard 0.9:0.95`` installs it with a lending guard (:mod:`runtime.decider.lend_guard`:
 while more than 90% of the serving pool is in use, the KV ratio is at least 0.95), stamped in
 the installed copy's metadata; the run's own file is left as it was. To measure a guard before
@@ -28,14 +34,16 @@ from pathlib import Path
 import tyro
 
 from agents.export import stamp_metadata
+from env.engine_choice import EngineChoice
 from runtime.decider.guard import GuardedDecider
 from runtime.decider.lend_guard import LEND_GUARD_KEY, LendGuard
+from runtime.decider.ood_guard import OOD_KEY
 from runtime.decider.policy_set import POLICY_SET_FILE, PolicySet
 from runtime.locations import shipped_policy_dir
 
 
-@dataclass
-class Args:
+@dataclass(kw_only=True)
+class Args(EngineChoice):
     run: Path
     """the run folder train.py wrote (its policy.onnx and card.md)"""
     workload: str
@@ -45,10 +53,18 @@ class Args:
     lend_guard: str | None = None
     """UTILIZATION:RATIO: while more than UTILIZATION of the serving pool is in use, the KV
     ratio is at least RATIO (e.g. 0.9:0.95; default: the run's policy as it is)"""
+    stamp_distribution: str | None = None
+    """training traces, as train.py's --trace takes them (TRACE@LOW-HIGH,...): stamp the
+    installed copy with the observations the policy meets on their training windows, under the
+    deployment of --slo --admission --admission-slack --batch-share --cotenant (for a policy
+    exported without its training distribution; default: the run's policy as it is)"""
+    profile: str | None = None
+    """the executor profile of --stamp-distribution's replays (default: the shipped one)"""
 
 
 def install(run: Path, workload: str, folder: Path,
-            lend_guard: LendGuard | None = None) -> PolicySet:
+            lend_guard: LendGuard | None = None,
+            distribution: str | None = None) -> PolicySet:
     """Copy ``run``'s policy and card into ``folder`` for ``workload`` and name them in the
     folder's policy set, the policy with ``lend_guard`` stamped in when given; returns the
     updated set. Raises ValueError (a PolicySetError for the set) naming what is wrong."""
@@ -70,8 +86,10 @@ def install(run: Path, workload: str, folder: Path,
         if src.is_file():
             tmp = dst.with_suffix(dst.suffix + ".tmp")
             shutil.copyfile(src, tmp)
-            if dst.suffix == ".onnx" and lend_guard is not None:
-                stamp_metadata(tmp, {LEND_GUARD_KEY: lend_guard.metadata()})
+            if dst.suffix == ".onnx" and (lend_guard is not None or distribution is not None):
+                stamp_metadata(tmp, {
+                    **({LEND_GUARD_KEY: lend_guard.metadata()} if lend_guard else {}),
+                    **({OOD_KEY: distribution} if distribution else {})})
                 stamped = GuardedDecider(tmp)
                 if stamped.policy is None:
                     raise ValueError(f"{tmp}: the runtime refuses the stamped policy: "
@@ -89,12 +107,30 @@ def install(run: Path, workload: str, folder: Path,
     return PolicySet.load(set_path)  # and it reads back: every file it names is there
 
 
+def measured_distribution(policy: Path, traces: str, choice: Args) -> str:
+    """The metadata value of the distribution ``policy`` meets on ``traces``' training windows
+    (:func:`agents.export.replayed_observations`); ValueError naming what is wrong."""
+    from agents.export import replayed_observations
+    from agents.training import parse_traces
+    from runtime.decider.ood_guard import ObservationDistribution
+
+    if not policy.is_file():
+        raise ValueError(f"{policy}: no exported policy in the run folder")
+    observations = replayed_observations(policy, parse_traces(traces, (0.5, 2.5)),
+                                         config=choice.engine_config(), profile=choice.profile)
+    return ObservationDistribution.measure(observations).metadata()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, description=__doc__.split("\n\n")[0])
     folder = args.folder if args.folder is not None else shipped_policy_dir()
     try:
         guard = LendGuard.parse_flag(args.lend_guard) if args.lend_guard is not None else None
-        policies = install(args.run, args.workload, folder, guard)
+        distribution = None
+        if args.stamp_distribution:
+            distribution = measured_distribution(args.run / "policy.onnx",
+                                                 args.stamp_distribution, args)
+        policies = install(args.run, args.workload, folder, guard, distribution)
     except ValueError as e:  # PolicySetError among them
         print(f"error: {e}", file=sys.stderr)
         return 2

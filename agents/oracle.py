@@ -58,7 +58,12 @@ from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, Knobs
 ORACLE_NAME = "oracle"
 """the oracle's name in the controller registry and on command lines"""
 ORACLE_LABEL = "oracle (upper bound)"
-"""how every table names the oracle's row"""
+"""how every table names the oracle's row: in the arena, the best at every load of the search
+anchored on hindsight static and the fixed settings' own runs (:mod:`agents.oracle_bound`), which
+bounds them by construction"""
+SEARCH_ONLY_NAME = "oracle-search"
+"""the controller name of the search anchored on best static, as training's periodic evaluation
+runs it: it sees the future, but no bound is proven for a receding-horizon search"""
 FORECAST_NAME = "oracle-forecast"
 """the controller name of the oracle's search on forecast arrivals: not an upper bound"""
 CAUSAL_NAME = "oracle-causal"
@@ -66,6 +71,7 @@ CAUSAL_NAME = "oracle-causal"
 controller could not"""
 SEARCHES: dict[str, tuple[str, str, str]] = {
     ORACLE_NAME: ("trace", "trace", ORACLE_LABEL),
+    SEARCH_ONLY_NAME: ("trace", "trace", "oracle's search (no proven bound)"),
     FORECAST_NAME: ("repeat", "trace", "oracle's search, arrivals forecast"),
     CAUSAL_NAME: ("repeat", "forecast", "oracle's search, arrivals and lengths forecast"),
 }
@@ -429,21 +435,26 @@ class LookaheadOracle:
     (its name and label are then :data:`SEARCHES`'s for its config: :func:`search_name`).
 
     :param config: period, horizon, candidate grid and score weight
-    :param anchor: a setting put first among the candidates (best static's, in the arena), so
-        that it wins ties; knobs the candidate grid leaves out take its values
+    :param anchor: a setting put first among the candidates (in the arena hindsight static's for
+        the oracle, best static's for the others), so that it wins ties and runs the rest of
+        each horizon; knobs the candidate grid leaves out take its values
+    :param extra: more whole settings searched beside the grid (the arena's oracle: best
+        static's), after the anchor
     :param interval_s: the decision interval of the sessions it will be bound to
+    :param name: its controller name (default: :data:`SEARCHES`'s for its config)
     """
 
     def __init__(self, config: OracleConfig | None = None, *, anchor: Setting | Knobs | None = None,
-                 interval_s: float = 0.25) -> None:
+                 extra: Sequence[Setting] = (), interval_s: float = 0.25,
+                 name: str | None = None) -> None:
         self.config = config if config is not None else OracleConfig()
-        self.name = search_name(self.config)
+        self.name = name if name is not None else search_name(self.config)
         self.label = SEARCHES[self.name][2]
         if anchor is not None:
             anchor = anchor if isinstance(anchor, Setting) else Setting(anchor)
             # knobs the grid leaves out keep the anchor's (the deployment's batch share, slack)
             candidates = parse_candidates(self.config.candidates, anchor.knobs)
-            candidates = [anchor] + [c for c in candidates if c != anchor]
+            candidates = list(dict.fromkeys([anchor, *extra, *candidates]))
         else:
             candidates = parse_candidates(self.config.candidates)
         self.anchor: Setting | None = anchor

@@ -6,7 +6,8 @@ measures the deployed path, not the training framework; each decision says who d
 PID or static) and why. The circuit breaker is off by default: under overload every
 controller's attainment stays below target, and a breaker would hand a policy's decisions to the
 PID exactly where the comparison matters; ``breaker=True`` turns it on with the evaluation's
-simulated clock.
+simulated clock. The out-of-distribution guard of a policy that carries one runs as in
+production (the arena's ``policy-unguarded:PATH`` runs the same policy without it).
 """
 
 from __future__ import annotations
@@ -21,20 +22,27 @@ from runtime.decider.guard import GuardedDecider
 
 
 class PolicyController:
-    def __init__(self, path: str | Path, *, breaker: bool = False, clock=None) -> None:
+    def __init__(self, path: str | Path, *, breaker: bool = False, clock=None,
+                 ood_guard: bool = True, name: str | None = None) -> None:
         """:param path: the ONNX policy file
         :param breaker: run the circuit breaker (with ``clock``, simulated seconds)
+        :param ood_guard: run the policy's out-of-distribution guard, when it carries one
+            (False: the policy decides wherever it answers, to measure what the guard buys)
+        :param name: the controller's name (default ``policy:PATH``)
         """
         if not Path(path).is_file():
             raise FileNotFoundError(f"policy file not found: {path}")
         cb = CircuitBreaker(clock=clock) if breaker else CircuitBreaker(trip_after=0)
-        self.decider = GuardedDecider(path, breaker=cb)
+        self.decider = GuardedDecider(path, breaker=cb, ood_guard=ood_guard)
         if self.decider.policy is None:
             raise ValueError(f"policy {path} was refused: {self.decider.last_error}")
-        self.name = f"policy:{path}"
+        self.name = name or f"policy:{path}"
 
     def reset(self) -> None:
         self.decider.breaker.reset()
+        policy = self.decider.policy
+        if policy is not None and policy.ood_guard is not None:
+            policy.ood_guard.reset()
 
     def decide(self, observation: np.ndarray) -> Decision:
         return self.decider.decide(observation)

@@ -12,17 +12,20 @@ from pathlib import Path
 
 from agents.arena import RATIO_KNOB, is_upper_bound
 from agents.oracle import ORACLE_LABEL, SEARCHES
-from agents.scorecard import REFERENCE
+from agents.scorecard import HINDSIGHT, REFERENCE
 from runtime.knobs import KNOB_NAMES, KNOB_SPECS
 
 
 def short_name(controller: str) -> str:
     """``policy:runs/x/policy.onnx`` -> ``policy:x``, ``policy:runs/x/policies.json`` ->
     ``policy:x/policies``: names short enough for tables and plots."""
-    if controller.startswith("policy:"):
-        path = Path(controller.split(":", 1)[1])
+    if controller.startswith(("policy:", "policy-unguarded:")):
+        kind, _, rest = controller.partition(":")
+        path = Path(rest)
         folder = path.parent.name or "onnx"
-        return f"policy:{folder}" if path.name == "policy.onnx" else f"policy:{folder}/{path.stem}"
+        return f"{kind}:{folder}" if path.name == "policy.onnx" else f"{kind}:{folder}/{path.stem}"
+    if controller == HINDSIGHT:
+        return "hindsight static (not deployable)"
     return SEARCHES[controller][2] if controller in SEARCHES else controller
 
 
@@ -59,7 +62,7 @@ def markdown_table(rows: Sequence[dict], capacity: Sequence[dict],
     head = ["trace", "controller", "rate x", "SLO att.", "interactive att.", "batch tok/s",
             "batch backlog req / mean tok", "goodput rps", "TTFT p99 s", "TPOT p99 ms",
             "preempt", "OOMs", "shed / expired / late", *knob_names, "KV GiB",
-            "co-tenant served", "recovery s"]
+            "co-tenant served", "recovery s", "decided by"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         rec = ("-" if "bursts" not in r else
@@ -73,15 +76,16 @@ def markdown_table(rows: Sequence[dict], capacity: Sequence[dict],
             f"{r['goodput_rps']:.2f} | {r['ttft_p99_s']:.2f} | "
             f"{r['tpot_p99_s'] * 1e3:.1f} | {r['preemptions']} | {r['ooms']} | "
             f"{r['shed']} / {r['expired']} / {r['late']} | {knobs}"
-            f"{r['mean_kv_gib']:.2f} | {_share(r['cotenant_served_share'])} | {rec} |")
+            f"{r['mean_kv_gib']:.2f} | {_share(r['cotenant_served_share'])} | {rec} | "
+            f"{decided_by(r)} |")
     if capacity:
         lines += ["", "| trace | controller | capacity @99% interactive | goodput there rps | "
-                  "capacity @90% |",
-                  "|---|---|---|---|---|"]
+                  "capacity @90% | note |",
+                  "|---|---|---|---|---|---|"]
         for c in capacity:
             lines.append(f"| {c['trace']} | {short_name(c['controller'])} | "
                          f"{c['capacity_99']:.3g} | {_fmt(c['goodput_at_capacity_99_rps'], '.2f')}"
-                         f" | {c['capacity_90']:.3g} |")
+                         f" | {c['capacity_90']:.3g} | {_capacity_note(c)} |")
     if past_capacity:
         multiples = [p["multiple"] for p in past_capacity[0]["points"]]
         lines += ["", f"Goodput past capacity: at multiples of {REFERENCE}'s capacity @99%, "
@@ -105,6 +109,64 @@ def markdown_table(rows: Sequence[dict], capacity: Sequence[dict],
             lines.append(f"| {f['trace']} | {f['rate_scale']:.3g} | {f[RATIO_KNOB]:g} | {knobs} | "
                          f"{f['mean_kv_gib']:.2f} | {f['interactive_attainment']:.2%} | "
                          f"{f['slo_attainment']:.2%} | {_share(f['cotenant_served_share'])} |")
+    return "\n".join(lines)
+
+
+def decided_by(r: dict) -> str:
+    """Who decided a row's intervals, as shares, with the fallback reasons of a policy's row
+    (``policy 91%, pid 9% (out of distribution 9%)``); ``-`` for a controller deciding alone."""
+    sources = r.get("decision_sources") or {}
+    total = sum(sources.values())
+    if len(sources) < 2 or not total:
+        return "-"
+    text = ", ".join(f"{s} {n / total:.0%}" for s, n in sorted(sources.items(),
+                                                                key=lambda kv: -kv[1]))
+    reasons = r.get("fallback_reasons") or {}
+    if reasons:
+        text += " (" + ", ".join(f"{k} {n / total:.0%}" for k, n in reasons.items()) + ")"
+    return text
+
+
+def _setting(d: dict) -> str:
+    k = d["knobs"]
+    text = (f"{k['batch_window_ms']:g} ms, {k['prefill_chunk_tokens']:,}, "
+            f"{k['kv_cache_ratio']:g}")
+    if k.get("batch_share", 1.0) != 1.0:
+        text += f", share {k['batch_share']:g}"
+    return text + f", {d['admission']}@{k['admission_slack']:g}"
+
+
+def _capacity_note(c: dict) -> str:
+    notes = []
+    for tag in ("99", "90"):
+        if f"setting_{tag}" in c:
+            notes.append(f"@{tag}%: {_setting(c[f'setting_{tag}'])}")
+    if "search_capacity_99" in c:
+        notes.append(f"the search alone x{c['search_capacity_99']:.3g} / "
+                     f"x{c['search_capacity_90']:.3g}; the bound is the best run at each load")
+    return "; ".join(notes) or "-"
+
+
+def fixed_settings_table(fixed: dict) -> str:
+    """Best static's and hindsight static's capacity searches: per trace and figure, the
+    setting chosen, the top settings, and how many candidates were proven below them."""
+    if not any(fixed.values()):
+        return ""
+    lines = ["Fixed settings by capacity: best static on the train split (deployable), hindsight "
+             "static on the evaluated window (not deployable); each figure its own search",
+             "", "| trace | search | chosen | capacity | top settings (capacity, attainment "
+             "there) | measured / proven below (their bound) |", "|---|---|---|---|---|---|"]
+    for trace, found in fixed.items():
+        for key, f in found.items():
+            top = "; ".join(f"{_setting(e)}: x{e['capacity']:.3g} "
+                            f"({e['attainment_at_capacity']:.2%})" for e in f["top"])
+            rest = (f"{f['measured']} / {f['proven_below']}"
+                    + (f" (< x{f['highest_bound_of_the_rest']:.3g})"
+                       if f["highest_bound_of_the_rest"] is not None else ""))
+            lines.append(f"| {trace} | {key.replace('_', ' ')} ({f['split']}) | "
+                         f"{_setting(f['best'])} | x{f['best']['capacity']:.3g} | {top} | "
+                         f"{rest} |")
+    lines += ["", f"Ties: {next(iter(next(iter(fixed.values())).values()))['tie_rule']}."]
     return "\n".join(lines)
 
 
@@ -132,16 +194,17 @@ def scorecard_table(card: dict) -> str:
     measured, and each controller's count of passes."""
     table = card["table"]
     names = list(dict.fromkeys(c for g in table for c in g["controllers"]))
-    head = ["trace", "target", "load", "bar", "best static", ORACLE_LABEL,
+    head = ["trace", "target", "load", "bar", "best static", "hindsight static", ORACLE_LABEL,
             *(short_name(c) for c in names)]
-    lines = ["Scorecard: every controller beside best static and the oracle (an upper bound), "
-             "against the project's targets (docs/scorecard.md says why each is set where it "
-             "is)", "",
+    lines = ["Scorecard: every controller beside best static (deployable), hindsight static (the "
+             "best fixed setting on the window itself) and the oracle (an upper bound), against "
+             "the project's targets (docs/scorecard.md says why each is set where it is)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for g in table:
         cells = " | ".join(_judged(g["controllers"].get(c)) for c in names)
         lines.append(f"| {g['trace']} | {g['title']} | {g['load'] or '-'} | {g['bar']} | "
-                     f"{_beside(g['best_static'])} | {_beside(g['oracle'])} | {cells} |")
+                     f"{_beside(g['best_static'])} | {_beside(g.get('hindsight'))} | "
+                     f"{_beside(g['oracle'])} | {cells} |")
     notes = [f"- {g['trace']}, {g['title']}{', ' + g['load'] if g['load'] else ''}: "
              f"{g['note']}" for g in table if g["note"]]
     notes += [f"- not measured: {why}" for why in card["not_measured"]]

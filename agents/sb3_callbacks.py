@@ -3,7 +3,8 @@ that logs serving metrics per rollout and evaluates (keeping the best model) eve
 and the curriculum's callback that turns episode outcomes into window probabilities.
 
 What each evaluation logs to W&B (under ``eval/``): the policy's SLO attainment per window and
-its mean; every baseline's mean (static, PID, best static and, when evaluated, the oracle);
+its mean; every baseline's mean (static, PID, best static and, when evaluated, the oracle's search
+anchored on best static);
 ``gap_to_best_static`` and ``gap_to_oracle`` (the policy's mean minus theirs, in attainment);
 ``oracle_gain_share`` (the share of the oracle's gain over best static the policy takes, where the
 oracle gains anything); the mean of every knob the policy chose (``knobs/<name>``); and the knobs
@@ -23,6 +24,7 @@ from stable_baselines3.common.logger import KVWriter
 from stable_baselines3.common.vec_env import VecNormalize
 from tqdm import tqdm
 
+from agents.oracle import SEARCH_ONLY_NAME
 from agents.sb3_controller import SB3PolicyController
 from env.windows import Curriculum
 from runtime.decider.decision import Decision
@@ -69,11 +71,12 @@ class KnobRecorder:
 
 
 def gaps(policy_mean: float, baselines: dict[str, dict[str, float]]) -> dict[str, float]:
-    """The policy's gap to best static and to the oracle (mean attainment), and its share of the
-    oracle's gain over best static (only where the oracle gains anything)."""
+    """The policy's gap to best static and to the oracle's search (mean attainment; no bound is
+    proven for the search, it only sees the future), and its share of the search's gain over
+    best static (only where the search gains anything)."""
     out = {}
     best = baselines.get("best-static", {}).get("mean")
-    oracle = baselines.get("oracle", {}).get("mean")
+    oracle = baselines.get(SEARCH_ONLY_NAME, baselines.get("oracle", {})).get("mean")
     if best is not None:
         out["gap_to_best_static"] = policy_mean - best
     if oracle is not None:
@@ -185,6 +188,47 @@ class PeriodicEval(BaseCallback):
         mine = f"{res['mean']:.2%}" + (f", score {score:.4f}" if "score" in res else "")
         tqdm.write(f"step {self.num_timesteps:,}: eval mean attainment {mine} "
                    f"(best {self.best:.4g}; {baselines})")
+
+
+class ObservationRecorder(BaseCallback):
+    """Keeps a uniform sample (reservoir sampling, at most ``capacity`` rows) of the raw
+    observations the training environments produced, before normalisation: the distribution the
+    exported policy carries for the decider's out-of-distribution guard
+    (:mod:`runtime.decider.ood_guard`)."""
+
+    def __init__(self, capacity: int = 50_000, seed: int = 0) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.rows: np.ndarray | None = None
+        self.seen = 0
+        self._rng = np.random.default_rng(seed)
+
+    def add(self, obs: np.ndarray) -> None:
+        """Offer rows ``[n, OBS_DIM]`` to the sample."""
+        obs = np.asarray(obs, dtype=np.float32).reshape(-1, obs.shape[-1])
+        if self.rows is None:
+            self.rows = np.empty((self.capacity, obs.shape[1]), dtype=np.float32)
+        for row in obs:
+            if self.seen < self.capacity:
+                self.rows[self.seen] = row
+            else:
+                j = int(self._rng.integers(0, self.seen + 1))
+                if j < self.capacity:
+                    self.rows[j] = row
+            self.seen += 1
+
+    def sample(self) -> np.ndarray:
+        """The rows kept so far."""
+        if self.rows is None:
+            return np.empty((0, 0), dtype=np.float32)
+        return self.rows[:min(self.seen, self.capacity)]
+
+    def _on_step(self) -> bool:
+        env = self.training_env
+        obs = env.get_original_obs() if hasattr(env, "get_original_obs") else None
+        if obs is not None:
+            self.add(obs)
+        return True
 
 
 class CurriculumCallback(BaseCallback):

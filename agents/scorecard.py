@@ -27,6 +27,16 @@ the scorecard loads (multiples of best static's capacity at 99%, or explicit rat
   them, and where best static finishes every one while holding the target no controller can
   reach the bar (nobody finishes more batch work than arrived); the group says so.
 - ``capacity_99``: capacity at 99% attainment at least best static's on the same trace.
+- ``regret_99``, ``regret_90``: capacity at 99% and at 90% against hindsight static's, the best
+  fixed setting on the evaluated window itself (each searched for its own figure): regret
+  ``1 - capacity / hindsight's``, and the gain over best static beside it; it passes when the
+  regret is at most one bisection step (the capacity within :data:`agents.bisection.TOLERANCE`
+  of hindsight static's).
+- ``hindsight_memory``: at the scorecard loads, against the hindsight frontier (every setting
+  of the knob grid replayed on the evaluated window there): the fixed setting holding the least
+  KV among those within :data:`MEMORY_ATTAINMENT_SLACK` of the best attainment any setting
+  reaches; a controller passes when its attainment is within the slack of that best and its
+  mean KV at most :data:`MEMORY_RATIO_BAR` of that setting's.
 - ``headline``: at the static default's match load (``--match-static``: the default knobs and
   deployment, classes ignored), interactive attainment at least :data:`HEADLINE_INTERACTIVE`
   and batch deadline attainment (batch requests met / batch requests) at least
@@ -45,6 +55,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from agents.bisection import TOLERANCE
 from agents.controllers.best_static import RATIO_KNOB
 from agents.oracle import ORACLE_NAME
 from runtime.knobs import KNOB_NAMES, KNOB_SPECS
@@ -52,6 +63,9 @@ from runtime.knobs import KNOB_NAMES, KNOB_SPECS
 REFERENCE = "best-static"
 """the controller every figure is judged against; its capacity sets the loads past capacity and
 the scorecard loads"""
+HINDSIGHT = "hindsight-static"
+"""the best fixed setting in hindsight (searched on the evaluated window: not deployable), the
+regret targets' reference"""
 TARGET = 0.99
 """the attainment capacity is measured at, and the interactive attainment a batch goodput is
 counted at"""
@@ -116,6 +130,28 @@ TARGETS: dict[str, Target] = {
         f"fixed batch share, counted only where interactive attainment still holds {TARGET:.0%}. "
         "Where best static already finishes every batch request, no controller can reach it "
         "(nobody finishes more work than arrived), and the scorecard says so."),
+    "regret_99": Target(
+        "capacity @99% against hindsight static",
+        f"regret <= 0 (within one bisection step, {TOLERANCE:.0%}, of hindsight static's)",
+        "Hindsight static is the best any fixed setting could have done on this very window: "
+        "its capacity is searched on the window the figure is judged on, which no deployment "
+        "can do. A run-time controller exists to close the gap between the setting an operator "
+        "could tune (best static) and that one, from live observations and without hindsight; "
+        "regret at most zero means it lost nothing to the best fixed choice."),
+    "regret_90": Target(
+        "capacity @90% against hindsight static",
+        f"regret <= 0 (within one bisection step, {TOLERANCE:.0%}, of hindsight static's)",
+        "The same at 90% attainment, where the engine is further past its knee and the best "
+        "fixed setting is often another one (each figure has its own hindsight static)."),
+    "hindsight_memory": Target(
+        "co-tenant memory against the hindsight frontier",
+        f"attainment >= the best fixed setting's - {MEMORY_ATTAINMENT_SLACK * 100:g} pt and KV "
+        f"<= {MEMORY_RATIO_BAR:g}x the least any fixed setting holds within that",
+        "The memory target judged against every fixed setting on the evaluated window rather "
+        "than against one tuned on the train split: the least KV a fixed setting needs to stay "
+        f"within {MEMORY_ATTAINMENT_SLACK * 100:g} point of the best fixed attainment there. "
+        "Lending beats a fixed setting only if it frees memory that no fixed choice could have "
+        "freed at that service."),
     "capacity_99": Target(
         "capacity @99%", ">= best static's",
         "Capacity at 99% attainment is the load an operator provisions for. A controller's worth "
@@ -192,7 +228,7 @@ class _Trace:
 
     def __init__(self, trace: str, rows: Sequence[dict], capacity: Sequence[dict],
                  static_match: Sequence[dict], frontier: Sequence[dict],
-                 loads: Sequence[dict]) -> None:
+                 loads: Sequence[dict], hindsight: Sequence[dict] = ()) -> None:
         self.trace = trace
         self.rows = [r for r in rows if r["trace"] == trace]
         self.capacity = {c["controller"]: c for c in capacity if c["trace"] == trace}
@@ -200,7 +236,9 @@ class _Trace:
         self.frontier = [f for f in frontier if f["trace"] == trace]
         self.loads = [ld for ld in loads if ld["trace"] == trace]
         self.controllers = list(dict.fromkeys(r["controller"] for r in self.rows))
-        self.subjects = [c for c in self.controllers if c not in (REFERENCE, ORACLE_NAME)]
+        self.subjects = [c for c in self.controllers
+                         if c not in (REFERENCE, ORACLE_NAME, HINDSIGHT)]
+        self.hindsight = [h for h in hindsight if h["trace"] == trace]
         self.has_oracle = ORACLE_NAME in self.controllers
         self.has_batch = any(r["batch_requests"] > 0 for r in self.rows)
 
@@ -210,11 +248,12 @@ class _Trace:
                      and r["rate_scale"] == scale), None)
 
     def group(self, target: str, load: dict | None, best: dict | None, oracle: dict | None,
-              cells: dict[str, dict], note: str | None = None) -> dict:
+              cells: dict[str, dict], note: str | None = None,
+              hindsight: dict | None = None) -> dict:
         return {"trace": self.trace, "target": target, "title": TARGETS[target].title,
                 "bar": TARGETS[target].bar, "load": load_label(load) if load else None,
                 "rate_scale": load["rate_scale"] if load else None,
-                "best_static": best,
+                "best_static": best, "hindsight": hindsight,
                 "oracle": oracle if self.has_oracle else _missing(f"no {ORACLE_NAME} run"),
                 "controllers": cells, "note": note}
 
@@ -474,6 +513,116 @@ def capacity_figures(t: _Trace) -> list[dict]:
                     _cell(oracle["capacity_99"], text(oracle), None, "upper bound"), cells)]
 
 
+# ----------------------------------------------------------------------------- regret
+def regret_figures(t: _Trace) -> list[dict]:
+    """Capacity at 99% and 90% against hindsight static's (each figure's own), with the gain
+    over best static's beside it."""
+    hind = t.capacity.get(HINDSIGHT)
+    if hind is None:
+        return []
+    best = t.capacity.get(REFERENCE)
+    groups = []
+    for key, target in (("capacity_99", "regret_99"), ("capacity_90", "regret_90")):
+        h = hind[key]
+
+        def text(c: dict, h: float = h, key: str = key) -> str:
+            own = f"x{c[key]:.3g}"
+            parts = []
+            if h > 0 and c is not hind:
+                parts.append(f"regret {1 - c[key] / h:+.1%}")
+            if best is not None and best[key] > 0 and c is not best:
+                parts.append(f"gain over best static {c[key] / best[key] - 1:+.1%}")
+            return own + (f" ({', '.join(parts)})" if parts else "")
+
+        cells = {}
+        for name in t.subjects:
+            c = t.capacity.get(name)
+            if c is None:
+                cells[name] = _missing("no capacity search (--capacity-controllers)")
+                continue
+            regret = 1 - c[key] / h if h > 0 else 0.0
+            cells[name] = _cell(c[key], text(c), c[key] * (1 + TOLERANCE) >= h - 1e-12,
+                                regret=regret,
+                                gain_over_best_static=(c[key] / best[key] - 1
+                                                       if best and best[key] > 0 else None))
+        oracle = t.capacity.get(ORACLE_NAME)
+        ocell = (_missing("no capacity search (--capacity-controllers)") if oracle is None else
+                 _cell(oracle[key], text(oracle), None, "upper bound",
+                       search_alone=oracle.get(f"search_{key}")))
+        groups.append(t.group(
+            target, None,
+            None if best is None else _cell(best[key], text(best), None, "deployable reference",
+                                            regret=1 - best[key] / h if h > 0 else 0.0),
+            ocell, cells, None,
+            hindsight=_cell(h, f"x{h:.3g}", None, "best fixed setting in hindsight",
+                            setting=hind.get(f"setting_{key[-2:]}"))))
+    return groups
+
+
+# ----------------------------------------------------------------------------- hindsight memory
+def hindsight_memory_point(points: Sequence[dict]) -> dict | None:
+    """The hindsight frontier's reference at one load: among the settings within the slack of
+    the best interactive attainment any of them reaches, the one holding the least KV."""
+    if not points:
+        return None
+    top = max(p["interactive_attainment"] for p in points)
+    within = [p for p in points if p["interactive_attainment"] >= top - MEMORY_ATTAINMENT_SLACK]
+    return {**min(within, key=lambda p: (p["mean_kv_gib"], -p["interactive_attainment"])),
+            "best_attainment": top}
+
+
+def _hindsight_memory_cell(r: dict, top: float, kv_ref: float,
+                           role: str | None = None) -> dict:
+    """A row against the hindsight frontier's reference (``top``: the best fixed attainment at
+    the load; ``kv_ref``: the least KV a fixed setting holds within the slack of it)."""
+    kv, att = r["mean_kv_gib"], r["interactive_attainment"]
+    ratio = kv / kv_ref if kv_ref > 0 else math.inf
+    text = f"{kv:.2f} GiB @ {att:.2%} ({ratio:.2f}x)"
+    why = []
+    if att < top - MEMORY_ATTAINMENT_SLACK:
+        why.append(f"attainment {(top - att) * 100:.2f} pt below the best fixed setting's")
+    if ratio > MEMORY_RATIO_BAR:
+        why.append(f"KV {ratio:.2f}x the hindsight frontier's")
+    if role is not None:
+        return _cell(kv, text, None, role, kv_ratio=ratio)
+    return _cell(kv, text, not why, "; ".join(why), kv_ratio=ratio,
+                 attainment_gap_pt=(att - top) * 100)
+
+
+def hindsight_memory_figures(t: _Trace, cotenant: bool) -> list[dict]:
+    if not cotenant or not t.hindsight:
+        return []
+    groups = []
+    for load in t.loads:
+        scale = load["rate_scale"]
+        ref = hindsight_memory_point([p for p in t.hindsight if p["rate_scale"] == scale])
+        if ref is None:
+            continue
+        top, kv_ref, att_ref = ref["best_attainment"], ref["mean_kv_gib"], ref[
+            "interactive_attainment"]
+        cells = {}
+        for c in t.subjects:
+            r = t.row(c, scale)
+            cells[c] = (_missing("no run at this load") if r is None
+                        else _hindsight_memory_cell(r, top, kv_ref))
+        best, oracle = t.row(REFERENCE, scale), t.row(ORACLE_NAME, scale)
+        k = ref["knobs"]
+        note = (f"the best fixed attainment here is {top:.2%}; the least KV within "
+                f"{MEMORY_ATTAINMENT_SLACK * 100:g} pt of it: {kv_ref:.2f} GiB at {att_ref:.2%} "
+                f"({k['batch_window_ms']:g} ms, {k['prefill_chunk_tokens']:,}, ratio "
+                f"{k['kv_cache_ratio']:g})")
+        groups.append(t.group(
+            "hindsight_memory", load,
+            None if best is None else _hindsight_memory_cell(best, top, kv_ref,
+                                                             "deployable reference"),
+            None if oracle is None else _hindsight_memory_cell(oracle, top, kv_ref,
+                                                               "upper bound"),
+            cells, note,
+            hindsight=_cell(kv_ref, f"{kv_ref:.2f} GiB @ {att_ref:.2%}", None,
+                            "least KV a fixed setting holds within the slack", setting=k)))
+    return groups
+
+
 # ----------------------------------------------------------------------------- headline
 def headline_figures(t: _Trace) -> list[dict]:
     if t.match is None:
@@ -574,12 +723,15 @@ def never_worse_figures(t: _Trace) -> list[dict]:
 
 # ----------------------------------------------------------------------------- all
 def scorecard(rows: Sequence[dict], capacity: Sequence[dict], static_match: Sequence[dict],
-              frontier: Sequence[dict], loads: Sequence[dict], *, cotenant: bool) -> dict:
+              frontier: Sequence[dict], loads: Sequence[dict], *, cotenant: bool,
+              hindsight: Sequence[dict] = ()) -> dict:
     """The scorecard of an arena run (see the module docstring).
 
     :param loads: the scorecard loads, ``{"trace", "rate_scale", "multiple"}`` (``multiple`` of
         best static's capacity, None for an explicit rate scale)
     :param cotenant: whether the run lent memory to a co-tenant (the memory figures need one)
+    :param hindsight: the hindsight frontier's points (every grid setting replayed at the
+        scorecard loads on the evaluated window)
     :returns: ``{"table": [group, ...], "summary": {controller: counts}, "not_measured": [...],
         "targets": ...}``; a group is one target at one load: best static's and the oracle's
         entries and each controller's (``value``, ``text``, ``pass``, ``verdict``)
@@ -587,9 +739,10 @@ def scorecard(rows: Sequence[dict], capacity: Sequence[dict], static_match: Sequ
     table: list[dict] = []
     traces = list(dict.fromkeys(r["trace"] for r in rows))
     for trace in traces:
-        t = _Trace(trace, rows, capacity, static_match, frontier, loads)
-        table += (memory_figures(t, cotenant) + share_figures(t, cotenant) + batch_figures(t)
-                  + capacity_figures(t) + headline_figures(t) + never_worse_figures(t))
+        t = _Trace(trace, rows, capacity, static_match, frontier, loads, hindsight)
+        table += (memory_figures(t, cotenant) + hindsight_memory_figures(t, cotenant)
+                  + share_figures(t, cotenant) + batch_figures(t) + capacity_figures(t)
+                  + regret_figures(t) + headline_figures(t) + never_worse_figures(t))
     not_measured = []
     if not cotenant:
         not_measured.append("co-tenant memory and its share of the oracle's gain: the run lent "
@@ -602,6 +755,9 @@ def scorecard(rows: Sequence[dict], capacity: Sequence[dict], static_match: Sequ
                             "search (--no-capacity)")
     if not static_match:
         not_measured.append("the headline: no static match (--match-static 0.68)")
+    if capacity and not any(c["controller"] == HINDSIGHT for c in capacity):
+        not_measured.append(f"regret against the best fixed setting in hindsight: no {HINDSIGHT} "
+                            "among --controllers")
     if ORACLE_NAME not in {r["controller"] for r in rows}:
         not_measured.append(f"every share of the oracle's gain: no {ORACLE_NAME} among "
                             "--controllers")

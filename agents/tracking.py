@@ -24,9 +24,19 @@ def log_to_wandb(wandb_run, result: dict, plots: list[Path], onnx_path: Path, ru
     """The final table, the plots and the policy (with its card) as a W&B artifact."""
     import wandb
 
-    columns = sorted({k for r in result["rows"] for k in r} - {"decision_sources"})
+    import json
+
+    # who decided and why are counts by name, a different set of names on every row: a table
+    # cell of W&B holds one type per column, so they go in as JSON text
+    counts = ("decision_sources", "fallback_reasons")
+    columns = sorted({k for r in result["rows"] for k in r})
+
+    def cell(r: dict, k: str):
+        v = r.get(k)
+        return json.dumps(v, sort_keys=True) if k in counts and v is not None else v
+
     wandb.log({"final/evaluation": wandb.Table(
-        columns=columns, data=[[r.get(k) for k in columns] for r in result["rows"]])})
+        columns=columns, data=[[cell(r, k) for k in columns] for r in result["rows"]])})
     for p in plots:
         wandb.log({f"plots/{p.stem}": wandb.Image(str(p))})
     artifact = wandb.Artifact(f"policy-{run_name}", type="model",

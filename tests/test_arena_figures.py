@@ -25,7 +25,7 @@ from agents.arena import (
     static_default,
     summary_at,
 )
-from agents.controllers.best_static import GRID, BestStaticController, select_best
+from agents.controllers.best_static import GRID, BestStaticController, parse_grid, select_best
 from agents.evaluate import main as evaluate_main
 from agents.registry import EvalSpec, best_static, make_controller, policy_file
 from agents.report import markdown_table, plot, scorecard_table, write_json
@@ -34,6 +34,7 @@ from env.engine_choice import EngineChoice
 from env.replay import replay
 from env.traces.locations import azure_trace_path, traces_dir
 from env.traces.mixed import BatchDrops, mixed
+from env.traces.plain_csv import write_plain_csv
 from env.traces.resolve import resolve_trace
 from env.traces.transforms import rate_scale, time_window
 from runtime.engine.admission import AdmissionPolicy
@@ -50,6 +51,8 @@ CHOICE = EngineChoice(admission=AdmissionPolicy.SHED, admission_slack=0.5, coten
 POLICY = "policy:tests/fixtures/policy-test-1.onnx"
 """a policy of the current spec (tests/policy_factory.py)"""
 CONTROLLERS = ("static", "best-static", "pid", POLICY)
+STATIC_GRID = "window=5;chunk=512,2048;ratio=0.5,0.95"
+"""best static's capacity search walks this small grid here (the full one walks 90 settings)"""
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +66,7 @@ def arena(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("arena")
     window = mixed(time_window(resolve_trace("azure-code"), 240.0, 420.0),
                    BatchDrops(every_s=60.0, first_s=20.0, size=40), seed=0)
-    path = tmp / "code240.csv"
-    columns = zip(window.arrival_s.tolist(), window.prompt_tokens, window.output_tokens,
-                  window.slo_class)
-    path.write_text("arrival_s,prompt_tokens,output_tokens,slo_class\n"
-                    + "".join(f"{a!r},{p},{o},{c}\n" for a, p, o, c in columns))
+    path = write_plain_csv(window, tmp / "code240.csv", classes=True)
     checkpoints, env = private_checkpoints(tmp)
     out = subprocess.run(
         [sys.executable, "-m", "agents.evaluate", "--trace", str(path), "--split", "all",
@@ -76,10 +75,12 @@ def arena(tmp_path_factory):
          "--tuning-scales", "1", "--past-capacity", "2,4",
          "--frontier-ratios", ",".join(map(str, RATIOS)), "--admission", "shed",
          "--admission-slack", "0.5", "--cotenant", "--workers", "1", "--json",
+         "--static-grid", STATIC_GRID,
          "--out", str(tmp / "ev")],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
-    spec = EvalSpec(str(path), "all", None, 0.25, CHOICE.engine_config(), tuning_scales=(1.0,))
+    spec = EvalSpec(str(path), "all", None, 0.25, CHOICE.engine_config(), tuning_scales=(1.0,),
+                    static_grid=parse_grid(STATIC_GRID))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CHECKPOINTS_DIR_ENV, str(checkpoints))
         yield spec, json.loads(out.stdout), tmp
@@ -154,6 +155,13 @@ def test_goodput_past_capacity_is_each_goodput_shown_over_the_goodput_at_capacit
     assert direct["interactive_attainment"] >= 0.99
     best = summary_at(spec, make_controller("best-static", spec), reference)
     assert best["interactive_attainment"] >= 0.99
+    # best static is the capacity search's choice on the train split, which on this window (it
+    # ends before minute 40) is the window the arena replays: the same walk, the same answer
+    found = result["fixed_settings"]["code240"]
+    assert found["best_static_99"]["best"]["capacity"] == reference
+    assert found["best_static_99"]["best"]["knobs"] == caps["best-static"]["setting_99"]["knobs"]
+    assert found["best_static_90"]["best"]["capacity"] == caps["best-static"]["capacity_90"]
+    assert 1 <= len(found["best_static_99"]["top"]) <= 5
 
 
 @pytest.mark.parametrize("ratio", [0.5, 0.6])
@@ -183,10 +191,13 @@ def test_each_frontier_point_is_best_static_at_its_ratio(arena, ratio):
     assert point["mean_kv_gib"] == s["mean_kv_gib"]
     assert point["interactive_attainment"] == s["interactive_attainment"]
     assert point["cotenant_served_share"] == s["cotenant_served_share"]
-    # less KV memory lends more to the co-tenant than best static's own setting does
+    # a smaller pool than best static's own lends more to the co-tenant
     row = _rows(result, "best-static", rate_scale=1.0)[0]
-    assert point["mean_kv_gib"] < row["mean_kv_gib"]
-    assert point["cotenant_served_share"] > row["cotenant_served_share"]
+    mine = row["mean_kv_cache_ratio"]
+    if ratio != pytest.approx(mine):
+        smaller = ratio < mine
+        assert (point["mean_kv_gib"] < row["mean_kv_gib"]) is smaller
+        assert (point["cotenant_served_share"] > row["cotenant_served_share"]) is smaller
 
 
 def test_the_oracle_is_labelled_an_upper_bound_in_the_table_json_and_pareto_plot(arena):
@@ -196,7 +207,9 @@ def test_the_oracle_is_labelled_an_upper_bound_in_the_table_json_and_pareto_plot
     rows = [*result["rows"], oracle]
     table = markdown_table(rows, result["capacity"], result["past_capacity"], result["frontier"])
     assert "| code240 | oracle (upper bound) | 1 |" in table
-    assert "| code240 | static | 4" in table.split("Goodput past capacity")[0]  # x4 rows
+    l_star = next(c["capacity_99"] for c in result["capacity"] if c["controller"] == "best-static")
+    assert f"| code240 | static | {4 * l_star:.3g} (4x" in table.split(
+        "Goodput past capacity")[0]  # the rows at 4x best static's capacity
     assert "| code240 | 1 | 0.5 | batch_window_ms=" in table  # the frontier's rows
     paths = plot(rows, tmp / "plots", result["frontier"])
     pareto = tmp / "plots" / "pareto_code240.png"
@@ -284,8 +297,8 @@ def test_the_scorecard_stands_on_the_arenas_own_rows(arena):
     assert worst["against"] in NEVER_WORSE_THAN
     assert set(groups["never_worse", None]["controllers"]) == {"static", POLICY}
     table = scorecard_table(f)
-    assert table.splitlines()[2] == ("| trace | target | load | bar | best static | oracle "
-                                     "(upper bound) | static | pid | "
+    assert table.splitlines()[2] == ("| trace | target | load | bar | best static | hindsight "
+                                     "static | oracle (upper bound) | static | pid | "
                                      "policy:fixtures/policy-test-1 |")
 
 

@@ -17,9 +17,11 @@ import pytest
 from agents.arena import summary_at
 from agents.choose import deployment_mismatch, rank, table
 from agents.choose import main as choose_main
+from agents.controllers.best_static import parse_grid
 from agents.registry import EvalSpec, make_controller
 from env.engine_choice import EngineChoice
 from env.traces.locations import azure_trace_path, traces_dir
+from env.traces.plain_csv import write_plain_csv
 from env.traces.resolve import resolve_trace
 from env.traces.transforms import time_window
 from runtime.engine.admission import AdmissionPolicy
@@ -28,6 +30,8 @@ from tests.test_arena_figures import private_checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
+STATIC_GRID = "window=5;chunk=1024,2048;ratio=0.5,0.95"
+"""best static's capacity search walks this small grid here"""
 CHOICE = EngineChoice(admission=AdmissionPolicy.SHED, admission_slack=0.5, cotenant=True)
 
 
@@ -40,10 +44,7 @@ def chosen(tmp_path_factory):
         pytest.skip(f"Azure code trace not found in {traces_dir()}")
     tmp = tmp_path_factory.mktemp("choose")
     window = time_window(resolve_trace("azure-code"), 240.0, 420.0)
-    path = tmp / "code240.csv"
-    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(
-        f"{a!r},{p},{o}\n" for a, p, o in zip(window.arrival_s.tolist(), window.prompt_tokens,
-                                             window.output_tokens)))
+    path = write_plain_csv(window, tmp / "code240.csv")
     run = tmp / "run-a"  # a run folder, as train.py writes it (its policy.onnx is what counts)
     run.mkdir()
     shutil.copy(FIXTURES / "policy-test-1.onnx", run / "policy.onnx")
@@ -52,12 +53,13 @@ def chosen(tmp_path_factory):
         [sys.executable, "-m", "agents.choose", "--trace", str(path), "--split", "all",
          "--candidates", f"{run},{FIXTURES / 'policy-test-2.onnx'}", "--tuning-scales", "1",
          "--admission", "shed", "--admission-slack", "0.5", "--cotenant", "--workers", "1",
-         "--json"],
+         "--static-grid", STATIC_GRID, "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr
     monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setenv(CHECKPOINTS_DIR_ENV, str(checkpoints))  # the spec below reads that cache
-    yield (EvalSpec(str(path), "all", None, 0.25, CHOICE.engine_config(), tuning_scales=(1.0,)),
+    yield (EvalSpec(str(path), "all", None, 0.25, CHOICE.engine_config(), tuning_scales=(1.0,),
+                    static_grid=parse_grid(STATIC_GRID)),
            json.loads(out.stdout), run)
     monkeypatch.undo()
 

@@ -47,6 +47,13 @@ SPAN = {0.5: 100.0, 0.25: 50.0, 0.7: 100.0}
 """the window's last arrival at each load"""
 CAPACITY = {"best-static": 0.5, "oracle": 0.6, POLICY: 0.58, "static": 0.3, "pid": 0.5,
             "aimd": 0.45, "heuristic": 0.4}
+CAPACITY_90 = {"best-static": 0.8, "oracle": 1.0, POLICY: 0.9, "static": 0.5, "pid": 0.8,
+               "aimd": 0.7, "heuristic": 0.6}
+HINDSIGHT_CAPACITY = (0.56, 0.95)
+"""hindsight static's capacity at 99% and at 90% (each its own setting)"""
+HINDSIGHT_POINTS = {0.5: [(8.0, 0.97), (11.0, 0.989), (16.0, 0.9935), (26.0, 0.992)],
+                    0.25: [(9.0, 1.0), (18.0, 1.0)]}
+"""(mean KV GiB, interactive attainment) of every grid setting at the scorecard loads"""
 FRONTIER = {0.5: [(10.0, 0.90), (14.0, 0.98), (20.0, 0.99), (24.0, 0.985)],
             0.25: [(10.0, 0.99), (18.0, 1.0)]}
 
@@ -67,8 +74,15 @@ def _rows() -> list[dict]:
 
 def _card(**changes) -> dict:
     args = {"rows": _rows(),
-            "capacity": [{"trace": "t", "controller": c, "capacity_99": v}
-                         for c, v in CAPACITY.items()],
+            "capacity": [{"trace": "t", "controller": c, "capacity_99": v,
+                          "capacity_90": CAPACITY_90[c]} for c, v in CAPACITY.items()]
+            + [{"trace": "t", "controller": "hindsight-static",
+                "capacity_99": HINDSIGHT_CAPACITY[0], "capacity_90": HINDSIGHT_CAPACITY[1]}],
+            "hindsight": [{"trace": "t", "rate_scale": s, "mean_kv_gib": kv,
+                           "interactive_attainment": a,
+                           "knobs": {"batch_window_ms": 5.0, "prefill_chunk_tokens": 1024,
+                                     "kv_cache_ratio": 0.5}}
+                          for s, pts in HINDSIGHT_POINTS.items() for kv, a in pts],
             "static_match": [{"trace": "t", "rate_scale": 0.7, "static_attainment": 0.68}],
             "frontier": [{"trace": "t", "rate_scale": s, "mean_kv_gib": kv,
                           "interactive_attainment": a} for s, pts in FRONTIER.items()
@@ -205,7 +219,7 @@ def test_capacity_headline_and_never_worse():
     assert p["rate_scale"] == 0.7 and p["pass"] is False
     assert worse["controllers"]["static"]["margin_pt"] == pytest.approx(-32.0)
     assert worse["best_static"]["margin_pt"] == pytest.approx(-3.0)  # x0.7 against aimd's 1.0
-    assert f["summary"][POLICY] == {"pass": 8, "fail": 3, "not judged": 1}
+    assert f["summary"][POLICY] == {"pass": 9, "fail": 6, "not judged": 1}
 
 
 def test_never_worse_past_capacity_is_the_mean_over_the_load_and_its_neighbours():
@@ -271,13 +285,13 @@ def test_what_a_run_did_not_measure_is_said_and_never_filled_in():
 def test_the_scorecard_table_puts_best_static_and_the_oracle_beside_each_controller():
     text = scorecard_table(_card())
     header = text.splitlines()[2]
-    assert header == ("| trace | target | load | bar | best static | oracle (upper bound) | "
-                      "policy:p | static | pid | aimd | heuristic |")
+    assert header == ("| trace | target | load | bar | best static | hindsight static | oracle "
+                      "(upper bound) | policy:p | static | pid | aimd | heuristic |")
     assert ("| t | co-tenant memory: mean KV GiB at interactive attainment | x0.5 (1x "
             "best-static cap.) | attainment >= best static's - 0.5 pt and KV <= 0.7x best "
-            "static's | 20.00 GiB @ 99.00% | 12.00 GiB @ 99.20% (0.60x) | 13.00 GiB @ 98.60% "
+            "static's | 20.00 GiB @ 99.00% | - | 12.00 GiB @ 99.20% (0.60x) | 13.00 GiB @ 98.60% "
             "(0.65x), above the frontier (+2.60 pt) **pass** |") in text
-    assert "- policy:p: 8 pass, 3 fail, 1 not judged" in text
+    assert "- policy:p: 9 pass, 6 fail, 1 not judged" in text
     assert ("- t, batch goodput at >= 99% interactive, x0.5 (1x best-static cap.): every "
             "controller finishes every batch request") in text
 
@@ -316,3 +330,43 @@ def test_every_target_the_scorecard_judges_is_named_with_its_bar_and_why():
         "why": TARGETS["capacity_99"].why}
     assert all(len(t.why) > 80 for t in TARGETS.values())
 
+
+
+def test_regret_is_against_hindsight_statics_own_capacity_within_one_bisection_step():
+    card = _card()
+    r99 = _group(card, "regret_99")
+    assert r99["hindsight"]["value"] == 0.56
+    cell = r99["controllers"][POLICY]  # x0.58 against x0.56: negative regret, a pass
+    assert cell["regret"] == pytest.approx(1 - 0.58 / 0.56) and cell["pass"] is True
+    assert cell["gain_over_best_static"] == pytest.approx(0.58 / 0.5 - 1)
+    pid = r99["controllers"]["pid"]  # x0.5: 10.7% regret, more than one 2% step
+    assert pid["pass"] is False and pid["regret"] == pytest.approx(1 - 0.5 / 0.56)
+    assert "regret +10.7%, gain over best static +0.0%" in pid["text"]
+    r90 = _group(card, "regret_90")  # each figure its own hindsight static: x0.95 at 90%
+    assert r90["hindsight"]["value"] == 0.95
+    assert r90["controllers"][POLICY]["pass"] is False  # x0.9: 5.3% under
+    # within one bisection step still passes: x0.94 against x0.95 (1.06%)
+    cap = [{"trace": "t", "controller": c, "capacity_99": v,
+            "capacity_90": 0.94 if c == POLICY else CAPACITY_90[c]} for c, v in CAPACITY.items()]
+    cap.append({"trace": "t", "controller": "hindsight-static", "capacity_99": 0.56,
+                "capacity_90": 0.95})
+    assert _group(_card(capacity=cap), "regret_90")["controllers"][POLICY]["pass"] is True
+    # without hindsight static, the regret is not measured
+    f = _card(capacity=[c for c in cap if c["controller"] != "hindsight-static"])
+    assert not [g for g in f["table"] if g["target"].startswith("regret")]
+    assert any("regret against the best fixed setting in hindsight" in w
+               for w in f["not_measured"])
+
+
+def test_memory_against_the_hindsight_frontier_is_the_least_kv_within_half_a_point_of_its_best():
+    g = _group(_card(), "hindsight_memory", 0.5)
+    # the best fixed attainment at x0.5 is 99.35%; within 0.5 pt of it the least KV is
+    # 11 GiB (98.90%)
+    assert g["hindsight"]["value"] == 11.0
+    cell = g["controllers"][POLICY]  # 13 GiB at 98.60%: within 0.5 pt of 99.35? no (0.75 pt)
+    assert cell["pass"] is False and cell["attainment_gap_pt"] == pytest.approx(-0.75)
+    assert "attainment 0.75 pt below the best fixed setting's" in cell["verdict"]
+    assert "KV 1.18x the hindsight frontier's" in cell["verdict"]
+    low = _group(_card(), "hindsight_memory", 0.25)  # every setting holds 100%: 9 GiB is it
+    assert low["hindsight"]["value"] == 9.0
+    assert low["controllers"][POLICY]["kv_ratio"] == pytest.approx(12.0 / 9.0)

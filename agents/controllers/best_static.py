@@ -58,6 +58,37 @@ GRID: dict[str, tuple] = {
 }
 
 
+GRID_KEYS = {"window": "batch_window_ms", "chunk": "prefill_chunk_tokens",
+             "ratio": "kv_cache_ratio"}
+"""the short names of the knob grid's axes on a command line"""
+
+
+def parse_grid(text: str) -> dict[str, tuple]:
+    """A knob grid from ``window=5,20;chunk=512,1024;ratio=0.9,0.95`` (an axis left out keeps
+    :data:`GRID`'s values); ValueError naming the part that is wrong."""
+    grid = dict(GRID)
+    for part in (p.strip() for p in text.split(";") if p.strip()):
+        key, sep, values = part.partition("=")
+        if not sep or key.strip() not in GRID_KEYS:
+            raise ValueError(f"--static-grid: {part!r} is not one of "
+                             f"{', '.join(k + '=v1,v2,...' for k in GRID_KEYS)}")
+        name = GRID_KEYS[key.strip()]
+        try:
+            vals = tuple(float(v) for v in values.split(",") if v.strip())
+        except ValueError:
+            raise ValueError(f"--static-grid: {part!r} holds a value that is not a number") \
+                from None
+        if not vals:
+            raise ValueError(f"--static-grid: {part!r} names no value")
+        grid[name] = tuple(int(v) for v in vals) if name == "prefill_chunk_tokens" else vals
+        try:
+            for v in grid[name]:
+                Knobs(**{**DEFAULT_KNOBS.as_dict(), name: v})
+        except ValueError as e:
+            raise ValueError(f"--static-grid: {e}") from None
+    return grid
+
+
 ADMISSION_GRID: tuple[tuple[str, float], ...] = (
     (AdmissionPolicy.FCFS.value, 1.0), (AdmissionPolicy.SHED.value, 0.5),
     (AdmissionPolicy.SHED.value, 1.0))
@@ -199,6 +230,17 @@ def _lever_candidates(config: EngineConfig, batch_work: bool) -> list[tuple[str,
     return list(dict.fromkeys(out))
 
 
+def lever_settings(setting: BestStatic, batch_work: bool) -> list[BestStatic]:
+    """The lever search's settings around ``setting``'s first three knobs: its own levers first,
+    then every admission policy and slack of :data:`ADMISSION_GRID` (and with ``batch_work``
+    every batch share of :data:`BATCH_SHARE_GRID`)."""
+    k = setting.knobs
+    shares = BATCH_SHARE_GRID if batch_work else (k.batch_share,)
+    out = [setting] + [BestStatic(replace(k, admission_slack=slack, batch_share=share), a)
+                       for a, slack in ADMISSION_GRID for share in shares]
+    return list(dict.fromkeys(out))
+
+
 def lever_search(trace_spec: str, knobs: Knobs, *, part: str = "train",
                  scales: Sequence[float] = TUNING_SCALES,
                  profile_path: str | Path | None = None, config: EngineConfig | None = None,
@@ -286,13 +328,28 @@ def best_static_reference(trace_spec: str, *, config: EngineConfig | None = None
     return best_static_knobs(trace_spec, config=config, **search)
 
 
-class BestStaticController(StaticController):
-    """Best static's knobs, with its admission policy set on the engine it is bound to (the
-    session binds it before the first interval)."""
+def fixed_config(config: EngineConfig, admission: str | None) -> EngineConfig:
+    """``config`` for an engine that starts with a fixed setting's knobs: its admission policy,
+    and the batch share and slack left to the knobs (the config's would override them)."""
+    return replace(config, admission=admission or config.admission,
+                   batch_share=DEFAULT_KNOBS.batch_share,
+                   admission_slack=DEFAULT_KNOBS.admission_slack)
 
-    def __init__(self, knobs: Knobs, admission: str | None = None) -> None:
-        super().__init__(knobs, name="best-static")
+
+class BestStaticController(StaticController):
+    """A fixed setting (best static's, hindsight static's, a frontier point): its knobs, with its
+    admission policy set on the engine it is bound to. A fixed setting is what an engine starts
+    with, so the arena builds the engine with it (:meth:`start`) rather than switching to it
+    after the first interval; a replay that needs no timeline then runs straight through."""
+
+    def __init__(self, knobs: Knobs, admission: str | None = None, *,
+                 name: str = "best-static") -> None:
+        super().__init__(knobs, name=name)
         self.admission = admission
+
+    def start(self, config: EngineConfig) -> tuple[Knobs, EngineConfig]:
+        """The knobs and the engine config an engine under this setting starts with."""
+        return self.knobs, fixed_config(config, self.admission)
 
     def bind(self, engine: Engine) -> None:
         if self.admission is not None and self.admission != engine.admission:

@@ -46,3 +46,18 @@ def read_plain_csv(path: str | Path, *, slo_class: str = DEFAULT_SLO_CLASS) -> T
         skip_rules=[(ZERO_PROMPT_TOKENS, prompt_tokens == 0),
                     (ZERO_OUTPUT_TOKENS, output_tokens == 0)],
         end_line=table.end_line)
+
+
+def write_plain_csv(trace: Trace, path: str | Path, *, classes: bool | None = None) -> Path:
+    """Write ``trace`` as a plain CSV that :func:`read_plain_csv` reads back to the same
+    requests (arrival times to the last bit). ``classes``: write the ``slo_class`` column
+    (default: when any request is not of the default class)."""
+    path = Path(path)
+    if classes is None:
+        classes = bool(len(trace)) and bool((trace.slo_class != DEFAULT_SLO_CLASS).any())
+    head = ",".join(PLAIN_COLUMNS + (PLAIN_OPTIONAL_COLUMNS if classes else ()))
+    rows = zip(trace.arrival_s.tolist(), trace.prompt_tokens.tolist(),
+               trace.output_tokens.tolist(), trace.slo_class.tolist())
+    path.write_text(head + "\n" + "".join(
+        f"{a!r},{p},{o}" + (f",{c}\n" if classes else "\n") for a, p, o, c in rows))
+    return path

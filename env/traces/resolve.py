@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from env.traces.families import FAMILIES, FAMILY_PREFIX, family_trace
 from env.traces.load import load_trace
 from env.traces.locations import azure_trace_path, mooncake_trace_path
+from env.traces.long_prompt import LONG_CONV, long_prompts
 from env.traces.mixed import mixed
 from env.traces.synthetic import default_trace
 from env.traces.trace import Trace
@@ -17,6 +19,10 @@ TRACE_ALIASES = {
     "mooncake": "Mooncake's synthetic long-context trace, FAST 2025 (../shared/traces)",
     "mixed": "azure-conv as interactive traffic plus batch jobs in drops (env/traces/mixed.py); "
              "mixed:SPEC puts the drops on another trace",
+    LONG_CONV: "azure-conv's arrivals and outputs with long prompts, up to the context "
+               "(env/traces/long_prompt.py)",
+    **{f"{FAMILY_PREFIX}{name}": f"an hour of the {name} traffic family: {f.doc} "
+       "(env/traces/families.py)" for name, f in FAMILIES.items()},
 }
 MIXED_PREFIX = "mixed:"
 
@@ -38,6 +44,10 @@ def resolve_trace(spec: str, *, seed: int = 0, spread: bool = True) -> Trace:
         return mixed(resolve_trace(spec[len(MIXED_PREFIX):], seed=seed), seed=seed)
     if spec == "synthetic":
         return default_trace(seed=seed)
+    if spec.startswith(FAMILY_PREFIX):
+        return family_trace(spec)
+    if spec == LONG_CONV:
+        return long_prompts(resolve_trace("azure-conv", seed=seed), seed=seed)
     if spec in ("azure-conv", "azure-code"):
         trace = load_trace(azure_trace_path(spec.split("-", 1)[1]))
     elif spec == "mooncake":
@@ -50,7 +60,9 @@ def resolve_trace(spec: str, *, seed: int = 0, spread: bool = True) -> Trace:
 def trace_label(spec: str) -> str:
     """A short name for tables: the alias, or the file name without its extension."""
     if spec in TRACE_ALIASES:
-        return spec
+        return spec.replace(":", "-")
+    if spec.startswith(FAMILY_PREFIX):
+        return spec.replace(":", "-")
     if spec.startswith(MIXED_PREFIX):
         return "mixed-" + trace_label(spec[len(MIXED_PREFIX):])
     from pathlib import Path

@@ -40,6 +40,15 @@ class _DeciderState(Collector):
         yield GaugeMetricFamily("batchpilot_breaker_trips",
                                 "times the breaker handed control to the PID since start",
                                 value=d.breaker.num_trips)
+        ood = policy.ood_guard if policy is not None and d.ood_guard else None
+        yield GaugeMetricFamily("batchpilot_ood_tripped",
+                                "1 while the PID has control because the observations left the "
+                                "policy's training distribution (0 without a guard)",
+                                value=1.0 if ood is not None and ood.tripped else 0.0)
+        yield GaugeMetricFamily("batchpilot_ood_client_out",
+                                "client observations outside the policy's training "
+                                "distribution, decided by the PID, since the policy loaded",
+                                value=ood.client_out if ood is not None else 0)
 
 
 class ServerMetrics:

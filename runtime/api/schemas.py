@@ -114,7 +114,8 @@ class PolicyFileOut(BaseModel):
     """Unix time of the load"""
     providers: list[str]
     metadata: dict[str, str]
-    """every metadata_props entry of the model (training traces, date, evaluation summary)"""
+    """every metadata_props entry of the model (training traces, date, evaluation summary) but
+    its training distribution (``ood_guard`` shows that)"""
 
 
 class BreakerOut(BaseModel):
@@ -125,6 +126,40 @@ class BreakerOut(BaseModel):
     cooldown_s: float
     close_after: int
     num_trips: int
+
+
+class OodGuardOut(BaseModel):
+    """The policy's out-of-distribution guard (runtime/decider/ood_guard.py)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    tripped: bool
+    """whether the PID has control now because the embedded runtime's observations left the
+    policy's training distribution"""
+    recent_out: int
+    """embedded intervals out among the last ``window``"""
+    num_trips: int
+    """times control went to the PID for this reason"""
+    intervals_out: int
+    """embedded intervals whose observation was out"""
+    client_out: int
+    """client observations decided by the PID because they were out"""
+    last_field: str | None
+    """the observation field that was out most recently"""
+    last_value: float | None
+    """its value, in vector coordinates"""
+    patience: int
+    """intervals out among the last ``window`` that hand control to the PID"""
+    window: int
+    """intervals remembered; that many in a row in give control back"""
+    quantiles: list[float]
+    """the training quantiles each field's range runs between"""
+    margin: float
+    """the widening of each range, as a share of the field's vector span"""
+    samples: int
+    """training observations the ranges come from"""
+    fields: dict[str, list[float]]
+    """each checked field's range, [low, high] in vector coordinates"""
 
 
 class RecentOut(BaseModel):
@@ -162,6 +197,9 @@ class PolicyOut(BaseModel):
     lend_guard_hits: int
     """policy decisions whose KV ratio the policy's lending guard raised (its metadata
     ``batchpilot.lend_guard`` holds the guard)"""
+    ood_guard: OodGuardOut | None = None
+    """the policy's out-of-distribution guard (None: the policy carries no training
+    distribution, ``batchpilot.obs_distribution``)"""
     last_error: str | None
     last_error_at: float | None
 

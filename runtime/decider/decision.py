@@ -34,12 +34,15 @@ POLICY_ERROR = "policy error"
 """the policy raised an exception"""
 CIRCUIT_OPEN = "circuit open"
 """SLO attainment under the policy stayed below target: the PID has control for a cool-down"""
+OUT_OF_DISTRIBUTION = "out of distribution"
+"""the live observation left the distribution the policy was trained on
+(:mod:`runtime.decider.ood_guard`): the PID has control until it is back"""
 PID_FAILED = "; pid failed"
 """appended when the PID could not decide either and the static knobs were used"""
 
 FALLBACK_REASONS: tuple[str, ...] = (
     MODEL_MISSING, MODEL_CORRUPT, SPEC_MISMATCH, BAD_SIGNATURE, BAD_INPUT_SHAPE, NON_FINITE_INPUT,
-    NON_FINITE_OUTPUT, POLICY_ERROR, CIRCUIT_OPEN,
+    NON_FINITE_OUTPUT, POLICY_ERROR, CIRCUIT_OPEN, OUT_OF_DISTRIBUTION,
 )
 
 

@@ -11,6 +11,11 @@ Per decision, in order:
    ``model corrupt``, ``spec mismatch``, ``bad model signature``).
 4. The circuit breaker (:mod:`runtime.decider.breaker`) takes the interval's SLO attainment
    and may keep the policy out (``circuit open``).
+4b. A policy that carries the distribution of its training observations
+   (:mod:`runtime.decider.ood_guard`) is kept out while the live observation has left it
+   (``out of distribution``): in the embedded runtime once at least ``patience`` of the last
+   ``window`` intervals were out, until ``window`` in a row are back in; for a client's
+   observation, whenever that observation is out.
 5. The policy runs; an exception (``policy error``) or a NaN or infinite action
    (``non-finite output``) sends the decision to the PID. A policy of an older spec (three
    actions) decides the first three knobs; the others are the static knobs.
@@ -59,6 +64,7 @@ from runtime.decider.decision import (
     MODEL_MISSING,
     NON_FINITE_INPUT,
     NON_FINITE_OUTPUT,
+    OUT_OF_DISTRIBUTION,
     PID_FAILED,
     POLICY_ERROR,
     Decision,
@@ -166,12 +172,15 @@ class GuardedDecider:
     :param breaker: the circuit breaker (a default one when None; ``CircuitBreaker(trip_after=0)``
         disables it)
     :param max_policy_bytes: a policy file larger than this is refused before it is read
+    :param ood_guard: run the out-of-distribution guard of a policy that carries one (False:
+        the policy decides wherever it can, as before the guard; for measuring what it buys)
     """
 
     def __init__(self, policy: OnnxPolicy | str | Path | None = None, *,
                  pid: PidController | None = None, static_knobs: Knobs = DEFAULT_KNOBS,
                  max_step: float = DEFAULT_MAX_STEP, breaker: CircuitBreaker | None = None,
-                 max_policy_bytes: int = DEFAULT_MAX_POLICY_BYTES) -> None:
+                 max_policy_bytes: int = DEFAULT_MAX_POLICY_BYTES,
+                 ood_guard: bool = True) -> None:
         if not max_step > 0.0:
             raise ValueError(f"max_step must be > 0 action units per decision, got {max_step}")
         self.pid = pid if pid is not None else PidController()
@@ -180,6 +189,8 @@ class GuardedDecider:
         self._static_row = np.asarray(self._static_action, dtype=np.float64)
         self.max_step = float(max_step)
         self.max_policy_bytes = max_policy_bytes
+        self.ood_guard = ood_guard
+        """whether a policy's out-of-distribution guard runs"""
         self.breaker = breaker if breaker is not None else CircuitBreaker()
         self.recent = DecisionWindow()
         """decisions by source and fallback reason over the last minute"""
@@ -294,9 +305,14 @@ class GuardedDecider:
             return self._fallback(observation, v, NON_FINITE_INPUT, policy)
         if policy is None:
             return self._fallback(observation, v, missing, None)
+        ood = policy.ood_guard if self.ood_guard else None
+        # the embedded guard sees every interval, whoever then decides it
+        in_range = ood is None or (ood.observe(v) if feed_breaker else ood.allows_client(v))
         breaker = self.breaker
         if not (breaker.allow_policy(v[_ATTAINMENT]) if feed_breaker else breaker.is_closed()):
             return self._fallback(observation, v, CIRCUIT_OPEN, policy)
+        if not in_range:
+            return self._fallback(observation, v, OUT_OF_DISTRIBUTION, policy)
         try:
             a = policy.act(observation)
             if policy.num_actions != NUM_KNOBS:  # an older spec's: the other knobs are static
@@ -395,6 +411,12 @@ class GuardedDecider:
                 failed = True
                 ok[:] = False
                 self._note_error(f"policy {policy.policy_version}: {type(e).__name__}: {e}")
+        ood = policy.ood_guard if policy is not None and self.ood_guard else None
+        outside = np.zeros(n, dtype=bool)
+        if ood is not None and n:
+            outside = ood.distribution.outside_rows(np.where(np.isfinite(x), x, 0.0)) & finite
+            ood.client_out += int(outside.sum())
+            ok &= ~outside
         if circuit_open is None:
             circuit_open = not self.breaker.is_closed()
         if circuit_open:
@@ -413,6 +435,8 @@ class GuardedDecider:
                         d = self._fallback(x[i], x[i].tolist(), CIRCUIT_OPEN, policy)
                     elif failed:
                         d = self._fallback(x[i], x[i].tolist(), POLICY_ERROR, policy)
+                    elif outside[i]:
+                        d = self._fallback(x[i], x[i].tolist(), OUT_OF_DISTRIBUTION, policy)
                     else:
                         d = self._fallback(x[i], x[i].tolist(), NON_FINITE_OUTPUT, policy)
                 except Exception as e:
@@ -448,6 +472,9 @@ class GuardedDecider:
             "num_reloads": self.num_reloads,
             "num_failed_reloads": self.num_failed_reloads,
             "lend_guard_hits": self.lend_guard_hits,
+            "ood_guard": (policy.ood_guard.describe()
+                          if policy is not None and policy.ood_guard is not None
+                          and self.ood_guard else None),
             "last_error": self.last_error,
             "last_error_at": self.last_error_at,
         }

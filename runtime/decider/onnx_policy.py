@@ -31,6 +31,10 @@ Metadata (``ModelProto.metadata_props``)
     ``batchpilot.lend_guard``, optional: the policy's lending guard
     (:mod:`runtime.decider.lend_guard`), a JSON object ``{"kv_utilization": u, "kv_cache_ratio":
     r}``; a malformed one refuses the model (``bad model signature``).
+    ``batchpilot.obs_distribution``, optional: the observations the policy was trained on, per
+    field (:mod:`runtime.decider.ood_guard`); the decider hands control to the PID while the
+    live observation stays outside it. A malformed one refuses the model (``bad model
+    signature``).
 Runtime
     Any opset the installed onnxruntime runs on its CPU execution provider. No external data
     files (export with ``external_data=False``): a policy is one file, read and hashed at once.
@@ -70,6 +74,7 @@ import onnxruntime as ort
 
 from runtime.decider.decision import BAD_SIGNATURE, MODEL_CORRUPT, MODEL_MISSING, SPEC_MISMATCH
 from runtime.decider.lend_guard import LEND_GUARD_KEY, LendGuard
+from runtime.decider.ood_guard import OOD_KEY, ObservationDistribution, OodGuard
 from runtime.knobs import NUM_KNOBS
 from runtime.observation import (
     OBS_DIM,
@@ -288,6 +293,18 @@ class OnnxPolicy:
                 self.lend_guard = LendGuard.from_metadata(self.metadata[LEND_GUARD_KEY])
             except ValueError as e:
                 raise PolicyLoadError(BAD_SIGNATURE, f"{self._name()}: {e}", path) from None
+        self.ood_guard: OodGuard | None = None
+        """the out-of-distribution guard of this policy (None: it carries no distribution); its
+        interval state belongs to the decider that runs the policy"""
+        if OOD_KEY in self.metadata:
+            if self._adapter is not None:
+                raise PolicyLoadError(BAD_SIGNATURE, f"{self._name()}: {OOD_KEY} is for a "
+                                      f"policy of today's spec, not {spec!r}", path)
+            try:
+                self.ood_guard = OodGuard(ObservationDistribution.from_metadata(
+                    self.metadata[OOD_KEY]))
+            except ValueError as e:
+                raise PolicyLoadError(BAD_SIGNATURE, f"{self._name()}: {e}", path) from None
         self._check_signature(session)
         self._session = session
         self._output_names = [OUTPUT_NAME]
@@ -414,7 +431,8 @@ class OnnxPolicy:
         return self._session.run(self._output_names, {INPUT_NAME: x})[0]
 
     def describe(self) -> dict:
-        """What ``GET /v1/policy`` shows about it."""
+        """What ``GET /v1/policy`` shows about it (the distribution's ranges left out of the
+        metadata: the guard's own entry summarises them)."""
         return {
             "path": str(self.path) if self.path is not None else None,
             "policy_version": self.policy_version,
@@ -423,5 +441,5 @@ class OnnxPolicy:
             "size_bytes": self.size_bytes,
             "loaded_at": self.loaded_at,
             "providers": self._session.get_providers(),
-            "metadata": dict(self.metadata),
+            "metadata": {k: v for k, v in self.metadata.items() if k != OOD_KEY},
         }

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 
 from runtime.api.deps import ServicesDep
 from runtime.api.schemas import HealthOut, ReadyOut
-from runtime.decider.decision import CIRCUIT_OPEN
+from runtime.decider.decision import CIRCUIT_OPEN, OUT_OF_DISTRIBUTION
 
 router = APIRouter(tags=["health"])
 
@@ -23,7 +23,9 @@ async def readyz(services: ServicesDep, response: Response) -> ReadyOut:
     counts as ready (the PID is the designed fallback) unless BATCHPILOT_REQUIRE_POLICY is set,
     when it is 503 until the policy actually decides. ``source`` is who actually decided most
     of the last minute's decisions (a loaded policy whose answers are all refused is not
-    deciding), with the share of fallbacks over that minute."""
+    deciding), with the share of fallbacks over that minute; ``reason`` the commonest fallback
+    reason (``out of distribution`` while the observations have left the policy's training
+    distribution)."""
     decider = services.decider
     policy = decider.policy
     recent = decider.recent.summary()
@@ -33,6 +35,8 @@ async def readyz(services: ServicesDep, response: Response) -> ReadyOut:
             source, reason = "pid", decider.missing_reason
         elif not decider.breaker.is_closed():
             source, reason = "pid", CIRCUIT_OPEN
+        elif decider.ood_guard and policy.ood_guard is not None and policy.ood_guard.tripped:
+            source, reason = "pid", OUT_OF_DISTRIBUTION
         else:
             source, reason = "policy", None
     elif source == "policy":

@@ -1,0 +1,261 @@
+"""The out-of-distribution guard: the policy decides only where its observations look like the
+ones it was trained on.
+
+A policy trained on some traffic can be the worst choice on traffic unlike it (a long-prompt
+trace none of the training traces resembled: the policy lent memory into it and preempted
+hundreds of requests where the static default preempted two). The exported policy therefore
+carries the distribution of the observations it was trained on, and the decider hands control to
+the fallback (the PID) while the live observation stays outside it.
+
+The distribution (:class:`ObservationDistribution`) is per field of the observation vector, in
+the vector's own coordinates (the transformed values the policy reads): the
+``quantiles[0]``-th and ``quantiles[1]``-th quantiles of the training observations (0.1% and
+99.9% by default), widened on each side by ``margin`` of the field's vector span (0.02 of
+[0, 1] or of [-1, 1]: about a factor of 1.27 on a log field such as a prompt length). The knob
+fields are not checked (the decider sets them itself). A field that never moved in training (no
+co-tenant, no batch work) is held to that value within the margin: a policy that never saw a
+co-tenant has not learnt what to do with one.
+
+An observation is *out* when any checked field lies outside its range; :meth:`outside` names the
+first. The decider's rule (:class:`OodGuard`):
+
+- The embedded runtime, which sees every interval, hands control to the fallback once at least
+  ``patience`` of the last ``window`` intervals were out (4 of 8 by default: a second out of two
+  at 0.25 s intervals), and gives it back once ``window`` intervals in a row were in (so it does
+  not flap on traffic at the edge). A burst that leaves the range for an interval or two does
+  not switch the policy off.
+- A client's observation (REST) is judged alone: the decision service keeps no client's history
+  (any replica answers any request), so an observation outside the range is decided by the
+  fallback, and one client's observations never change what another gets.
+
+The distribution travels in the policy's ONNX metadata, ``batchpilot.obs_distribution`` (a JSON
+object: ``version``, ``quantiles``, ``margin``, ``samples``, ``patience``, ``window``, and
+``fields``: name -> ``[low, high]`` in vector coordinates, widened); training writes it into
+``policy.onnx`` from the observations of its PPO rollouts (``agents/export.py``), and
+``python -m agents.install_policy --stamp-distribution TRACES`` measures it for a policy exported
+without one, from the policy's own replays of those traces. A policy without the key has no
+guard.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from runtime.knobs import NUM_KNOBS
+from runtime.observation import OBS_DIM, OBSERVATION_FIELDS, OBSERVATION_INDEX
+
+OOD_KEY = "batchpilot.obs_distribution"
+"""the ONNX metadata key that carries a policy's training observation distribution"""
+FORMAT_VERSION = 1
+DEFAULT_QUANTILES = (0.001, 0.999)
+"""the quantiles of the training observations that bound each field"""
+DEFAULT_MARGIN = 0.02
+"""each range is widened by this share of the field's vector span on either side"""
+DEFAULT_PATIENCE = 4
+"""intervals out among the last ``window`` that hand control to the fallback"""
+DEFAULT_WINDOW = 8
+"""intervals the embedded guard remembers; that many in a row in give control back"""
+MIN_SAMPLES = 1000
+"""the fewest training observations a distribution is measured from"""
+CHECKED = tuple(f.name for f in OBSERVATION_FIELDS[:OBS_DIM - NUM_KNOBS])
+"""the fields the guard checks: every measured field (the knobs are the decider's own)"""
+
+
+def _span(name: str) -> float:
+    lo, hi = OBSERVATION_FIELDS[OBSERVATION_INDEX[name]].vector_bounds
+    return hi - lo
+
+
+@dataclass(frozen=True)
+class ObservationDistribution:
+    """Per-field ranges of the training observations, in vector coordinates (see the module
+    docstring)."""
+
+    fields: tuple[str, ...]
+    """the checked fields, in vector order"""
+    low: tuple[float, ...]
+    """each field's lowest value in range (widened)"""
+    high: tuple[float, ...]
+    """each field's highest value in range (widened)"""
+    samples: int
+    """training observations the ranges were measured from"""
+    quantiles: tuple[float, float] = DEFAULT_QUANTILES
+    margin: float = DEFAULT_MARGIN
+    patience: int = DEFAULT_PATIENCE
+    window: int = DEFAULT_WINDOW
+
+    def __post_init__(self) -> None:
+        if not (len(self.fields) == len(self.low) == len(self.high)) or not self.fields:
+            raise ValueError("an observation distribution needs one [low, high] per field")
+        unknown = [f for f in self.fields if f not in OBSERVATION_INDEX]
+        if unknown:
+            raise ValueError(f"{OOD_KEY}: unknown observation field(s) {unknown}")
+        for name, lo, hi in zip(self.fields, self.low, self.high):
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+                raise ValueError(f"{OOD_KEY}: field {name!r} has range [{lo}, {hi}]")
+        if not 1 <= self.patience <= self.window:
+            raise ValueError(f"{OOD_KEY}: need 1 <= patience <= window, got {self.patience}, "
+                             f"{self.window}")
+        object.__setattr__(self, "_index", np.array([OBSERVATION_INDEX[f] for f in self.fields],
+                                                    dtype=np.intp))
+        object.__setattr__(self, "_low", np.array(self.low, dtype=np.float64))
+        object.__setattr__(self, "_high", np.array(self.high, dtype=np.float64))
+        object.__setattr__(self, "_pairs", tuple(zip(self._index.tolist(), self.low, self.high)))
+
+    _index: np.ndarray = field(init=False, repr=False, compare=False)
+    _low: np.ndarray = field(init=False, repr=False, compare=False)
+    _high: np.ndarray = field(init=False, repr=False, compare=False)
+    _pairs: tuple = field(init=False, repr=False, compare=False)
+
+    @classmethod
+    def measure(cls, observations: np.ndarray, *, quantiles: tuple[float, float] =
+                DEFAULT_QUANTILES, margin: float = DEFAULT_MARGIN,
+                patience: int = DEFAULT_PATIENCE,
+                window: int = DEFAULT_WINDOW) -> ObservationDistribution:
+        """The distribution of ``observations`` (``[n, OBS_DIM]`` vectors as the policy read
+        them); ValueError with fewer than :data:`MIN_SAMPLES` or a non-finite one."""
+        x = np.asarray(observations, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != OBS_DIM:
+            raise ValueError(f"observations must have shape [n, {OBS_DIM}], got {list(x.shape)}")
+        if len(x) < MIN_SAMPLES:
+            raise ValueError(f"an observation distribution needs at least {MIN_SAMPLES} "
+                             f"observations, got {len(x)}")
+        if not np.isfinite(x).all():
+            raise ValueError("the training observations hold NaN or an infinity")
+        idx = [OBSERVATION_INDEX[f] for f in CHECKED]
+        q = np.quantile(x[:, idx], quantiles, axis=0)
+        spans = np.array([_span(f) for f in CHECKED])
+        return cls(CHECKED, tuple((q[0] - margin * spans).tolist()),
+                   tuple((q[1] + margin * spans).tolist()), len(x),
+                   (float(quantiles[0]), float(quantiles[1])), margin, patience, window)
+
+    def outside(self, v: Sequence[float]) -> int | None:
+        """The position in :attr:`fields` of the first field of the vector ``v`` outside its
+        range, or None when every one is in."""
+        for k, (i, lo, hi) in enumerate(self._pairs):
+            x = v[i]
+            if x < lo or x > hi:
+                return k
+        return None
+
+    def outside_rows(self, x: np.ndarray) -> np.ndarray:
+        """Per row of ``x`` (``[n, OBS_DIM]``): whether any checked field is out of range."""
+        cols = np.asarray(x, dtype=np.float64)[:, self._index]
+        # numpy's stubs type any(axis=...) as a scalar or an array
+        out: np.ndarray = ((cols < self._low) | (cols > self._high)).any(axis=1)  # type: ignore[assignment]
+        return out
+
+    def metadata(self) -> str:
+        """The distribution as its metadata value."""
+        return json.dumps({"version": FORMAT_VERSION, "quantiles": list(self.quantiles),
+                           "margin": self.margin, "samples": self.samples,
+                           "patience": self.patience, "window": self.window,
+                           "fields": {f: [lo, hi] for f, lo, hi in
+                                      zip(self.fields, self.low, self.high)}})
+
+    @classmethod
+    def from_metadata(cls, text: str) -> ObservationDistribution:
+        """The distribution in a policy's ``batchpilot.obs_distribution``; ValueError naming
+        what is malformed."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{OOD_KEY} is not JSON: {e}") from None
+        if not isinstance(d, dict) or d.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{OOD_KEY} must be a JSON object of version {FORMAT_VERSION}")
+        try:
+            fields = d["fields"]
+            if not isinstance(fields, dict) or not all(
+                    isinstance(b, list) and len(b) == 2 for b in fields.values()):
+                raise TypeError("fields must map names to [low, high]")
+            order = sorted(fields, key=lambda f: OBSERVATION_INDEX.get(f, -1))
+            q = tuple(float(v) for v in d["quantiles"])
+            return cls(tuple(order), tuple(float(fields[f][0]) for f in order),
+                       tuple(float(fields[f][1]) for f in order), int(d["samples"]),
+                       (q[0], q[1]), float(d["margin"]), int(d["patience"]), int(d["window"]))
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise ValueError(f"{OOD_KEY} is malformed: {type(e).__name__}: {e}") from None
+
+    def describe(self) -> dict:
+        return {"quantiles": list(self.quantiles), "margin": self.margin,
+                "samples": self.samples, "patience": self.patience, "window": self.window,
+                "fields": {f: [lo, hi] for f, lo, hi in zip(self.fields, self.low, self.high)}}
+
+
+class OodGuard:
+    """Whether the policy may decide, interval by interval (see the module docstring).
+
+    :param distribution: the policy's training observation distribution
+    """
+
+    def __init__(self, distribution: ObservationDistribution) -> None:
+        self.distribution = distribution
+        self._recent: deque[bool] = deque(maxlen=distribution.window)
+        self._out_recent = 0
+        self.tripped = False
+        """whether the fallback has control now (embedded runtime)"""
+        self.num_trips = 0
+        """times control went to the fallback"""
+        self.intervals_out = 0
+        """embedded intervals whose observation was out"""
+        self.client_out = 0
+        """client observations decided by the fallback because they were out"""
+        self.last_field: str | None = None
+        """the field that was out in the latest observation found out"""
+        self.last_value: float | None = None
+        """its value (vector coordinates)"""
+
+    def _note(self, v: Sequence[float], k: int) -> None:
+        d = self.distribution
+        self.last_field = d.fields[k]
+        self.last_value = float(v[d._pairs[k][0]])
+
+    def observe(self, v: Sequence[float]) -> bool:
+        """One interval of the embedded runtime: whether the policy may decide it."""
+        d = self.distribution
+        k = d.outside(v)
+        out = k is not None
+        if k is not None:
+            self.intervals_out += 1
+            self._note(v, k)
+        recent = self._recent
+        if len(recent) == recent.maxlen and recent[0]:
+            self._out_recent -= 1
+        recent.append(out)
+        self._out_recent += out
+        if not self.tripped and self._out_recent >= d.patience:
+            self.tripped = True
+            self.num_trips += 1
+        elif self.tripped and self._out_recent == 0 and len(recent) == recent.maxlen:
+            self.tripped = False
+        return not self.tripped
+
+    def allows_client(self, v: Sequence[float]) -> bool:
+        """A client's observation, judged alone: whether the policy may decide it."""
+        k = self.distribution.outside(v)
+        if k is None:
+            return True
+        self.client_out += 1
+        self._note(v, k)
+        return False
+
+    def reset(self) -> None:
+        self._recent.clear()
+        self._out_recent = 0
+        self.tripped = False
+
+    def describe(self) -> dict:
+        """What ``GET /v1/policy`` shows: the rule, the state and the last field out."""
+        d = self.distribution
+        return {"tripped": self.tripped, "recent_out": self._out_recent,
+                "num_trips": self.num_trips, "intervals_out": self.intervals_out,
+                "client_out": self.client_out, "last_field": self.last_field,
+                "last_value": self.last_value, "patience": d.patience, "window": d.window,
+                "quantiles": list(d.quantiles), "margin": d.margin, "samples": d.samples,
+                "fields": {f: [lo, hi] for f, lo, hi in zip(d.fields, d.low, d.high)}}

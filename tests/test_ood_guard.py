@@ -1,0 +1,195 @@
+"""The out-of-distribution guard: a policy whose metadata says where it was trained hands control
+to the PID once the live observations leave that, in the embedded runtime after a few intervals
+and for a client at once; it shows in /readyz, /v1/policy, the metrics and the arena's rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from runtime.decider.breaker import CircuitBreaker
+from runtime.decider.decision import BAD_SIGNATURE, OUT_OF_DISTRIBUTION
+from runtime.decider.guard import GuardedDecider
+from runtime.decider.ood_guard import (
+    CHECKED,
+    MIN_SAMPLES,
+    OOD_KEY,
+    ObservationDistribution,
+    OodGuard,
+)
+from runtime.observation import OBSERVATION_INDEX
+from tests.conftest import observation, raw_fields
+
+PROMPT = OBSERVATION_INDEX["prompt_tokens_mean"]
+
+
+def trained_on(n: int = 2000, seed: int = 0) -> np.ndarray:
+    """Observations of a 'training' set: moderate load, prompts of 500-2,000 tokens."""
+    rng = np.random.default_rng(seed)
+    rows = [observation(prompt_tokens_mean=float(rng.uniform(500, 2000)),
+                        arrival_rate_rps=float(rng.uniform(2, 8))) for _ in range(n)]
+    return np.stack(rows)
+
+
+DIST = ObservationDistribution.measure(trained_on())
+INSIDE = observation(prompt_tokens_mean=1200.0, arrival_rate_rps=5.0)
+LONG = observation(prompt_tokens_mean=16000.0, arrival_rate_rps=5.0)
+"""a long-prompt interval: prompts eight times the longest the policy saw"""
+
+
+def test_the_distribution_is_each_fields_training_range_widened_and_survives_its_metadata():
+    lo, hi = DIST.low[CHECKED.index("prompt_tokens_mean")], DIST.high[
+        CHECKED.index("prompt_tokens_mean")]
+    x = trained_on()[:, PROMPT]
+    assert lo < x.min() and hi > x.max() and hi - lo < 0.2  # the range, not the whole axis
+    assert DIST.outside(INSIDE) is None
+    assert CHECKED[DIST.outside(LONG)] == "prompt_tokens_mean"
+    assert ObservationDistribution.from_metadata(DIST.metadata()) == DIST
+    with pytest.raises(ValueError, match=str(MIN_SAMPLES)):
+        ObservationDistribution.measure(trained_on(10))
+    with pytest.raises(ValueError, match=OOD_KEY):
+        ObservationDistribution.from_metadata('{"version": 1, "fields": {"nope": [0, 1]}}')
+
+
+def test_the_embedded_guard_waits_a_few_intervals_and_gives_control_back_after_a_calm_window():
+    g = OodGuard(DIST)
+    d = DIST
+    allowed = [g.observe(LONG) for _ in range(d.patience)]
+    assert allowed == [True] * (d.patience - 1) + [False]  # the patience-th interval out trips it
+    assert g.tripped and g.num_trips == 1 and g.last_field == "prompt_tokens_mean"
+    assert [g.observe(INSIDE) for _ in range(d.window - 1)] == [False] * (d.window - 1)
+    assert g.observe(INSIDE) and not g.tripped  # a whole window in: back to the policy
+    # one interval out in a calm stretch does not switch the policy off
+    g2 = OodGuard(DIST)
+    assert all(g2.observe(LONG if i % 4 == 0 else INSIDE) for i in range(40))
+
+
+@pytest.fixture()
+def guarded_policy(tmp_path: Path) -> Path:
+    pytest.importorskip("torch")
+    from tests.policy_factory import make_mlp, write_policy
+
+    return write_policy(tmp_path / "policy.onnx", make_mlp(seed=0), policy_version="ood-test",
+                        metadata={OOD_KEY: DIST.metadata()})
+
+
+def test_the_decider_hands_over_with_the_reason_and_a_client_is_judged_alone(guarded_policy):
+    d = GuardedDecider(guarded_policy, breaker=CircuitBreaker(trip_after=0))
+    assert d.decide(INSIDE).source == "policy"
+    sources = [d.decide(LONG) for _ in range(8)]
+    assert [x.source for x in sources[:DIST.patience - 1]] == ["policy"] * (DIST.patience - 1)
+    assert all(x.source == "pid" and x.reason == OUT_OF_DISTRIBUTION
+               for x in sources[DIST.patience - 1:])
+    assert d.describe()["ood_guard"]["tripped"]
+    fresh = GuardedDecider(guarded_policy, breaker=CircuitBreaker(trip_after=0))
+    one = fresh.decide(LONG, client=True)
+    assert (one.source, one.reason) == ("pid", OUT_OF_DISTRIBUTION)
+    assert fresh.decide(INSIDE, client=True).source == "policy"  # no history kept for clients
+    batch = fresh.decide_batch(np.stack([INSIDE, LONG, INSIDE]))
+    assert [x.source for x in batch] == ["policy", "pid", "policy"]
+    assert batch[1].reason == OUT_OF_DISTRIBUTION
+    off = GuardedDecider(guarded_policy, breaker=CircuitBreaker(trip_after=0), ood_guard=False)
+    assert all(off.decide(LONG).source == "policy" for _ in range(8))
+    assert off.describe()["ood_guard"] is None
+
+
+def test_a_malformed_distribution_refuses_the_policy(tmp_path: Path):
+    pytest.importorskip("torch")
+    from tests.policy_factory import make_mlp, write_policy
+
+    bad = write_policy(tmp_path / "bad.onnx", make_mlp(seed=0),
+                       metadata={OOD_KEY: '{"version": 1, "fields": {}}'})
+    d = GuardedDecider(bad)
+    assert d.policy is None and d.missing_reason == BAD_SIGNATURE
+    assert OOD_KEY in d.last_error
+
+
+def test_rest_shows_the_guard_in_readyz_policy_and_metrics(guarded_policy):
+    from runtime.api.settings import Settings
+    from runtime.server import create_app
+
+    settings = Settings(policy_dir=str(guarded_policy.parent), policy_file=guarded_policy.name)
+    client = TestClient(create_app(settings))
+    long_fields = raw_fields(prompt_tokens_mean=16000.0, arrival_rate_rps=5.0)
+    for _ in range(3):
+        r = client.post("/v1/decide", json=long_fields)
+        assert r.status_code == 200, r.text
+        assert (r.json()["source"], r.json()["reason"]) == ("pid", OUT_OF_DISTRIBUTION)
+    ready = client.get("/readyz").json()
+    assert (ready["source"], ready["reason"]) == ("pid", OUT_OF_DISTRIBUTION)
+    guard = client.get("/v1/policy").json()["ood_guard"]
+    assert guard["client_out"] == 3 and guard["last_field"] == "prompt_tokens_mean"
+    assert set(guard["fields"]) == set(CHECKED)
+    metrics = client.get("/metrics").text
+    assert 'batchpilot_fallbacks_total{reason="out of distribution"} 3.0' in metrics
+    assert "batchpilot_ood_client_out 3.0" in metrics
+
+
+@pytest.mark.training_stack
+def test_the_arenas_row_says_who_decided_and_why_on_traffic_the_policy_never_saw(tmp_path):
+    """A policy trained on a short-prompt window, replayed on a long-prompt one: the row counts
+    the intervals the PID decided for being out of distribution; without the guard, none."""
+    pytest.importorskip("torch")
+    from agents.arena import controller_row
+    from agents.policy_controller import PolicyController
+    from agents.registry import EvalSpec
+    from env.traces.lengths import LogNormalLengths
+    from env.traces.plain_csv import write_plain_csv
+    from env.traces.synthetic import poisson
+    from tests.policy_factory import make_mlp, write_policy
+
+    short = poisson(4.0, 120.0, seed=0)
+    long_ = poisson(1.0, 60.0, seed=1, prompt=LogNormalLengths(mean=9000.0, p99=15000.0,
+                                                                max_tokens=16000))
+    csv = write_plain_csv(long_, tmp_path / "long.csv")
+    from env.replay import replay
+    from runtime.decider.controller import StaticController
+    from runtime.knobs import DEFAULT_KNOBS
+
+    seen: list[np.ndarray] = []
+    from runtime.observation import FeatureBuilder
+
+    fb = FeatureBuilder()
+    replay(short, decider=StaticController(DEFAULT_KNOBS), history=0,
+           on_interval=lambda rec: seen.append(fb.observe(rec.stats, rec.knobs)))
+    dist = ObservationDistribution.measure(np.concatenate([np.stack(seen)] * 3))
+    path = write_policy(tmp_path / "policy.onnx", make_mlp(seed=0),
+                        metadata={OOD_KEY: dist.metadata()})
+    spec = EvalSpec(str(csv), "all")
+    guarded = controller_row(spec, "policy", PolicyController(path), 1.0, False)
+    assert guarded["fallback_reasons"].get(OUT_OF_DISTRIBUTION, 0) > 0
+    assert guarded["decision_sources"].get("pid", 0) >= guarded["fallback_reasons"][
+        OUT_OF_DISTRIBUTION]
+    bare = controller_row(spec, "policy", PolicyController(path, ood_guard=False), 1.0, False)
+    assert OUT_OF_DISTRIBUTION not in bare["fallback_reasons"]
+
+
+@pytest.mark.training_stack
+def test_install_stamps_the_distribution_a_policy_meets_on_its_training_windows(tmp_path):
+    """A policy exported without its distribution gets one from its own replays of its
+    training trace's windows; the run's own file is left as it was."""
+    import shutil
+
+    from agents.install_policy import main as install_main
+    from env.traces.plain_csv import write_plain_csv
+    from env.traces.synthetic import poisson
+    from tests.conftest import FIXTURES
+
+    t = poisson(2.0, 300.0, seed=3)
+    trace = write_plain_csv(t, tmp_path / "mine.csv")
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(FIXTURES / "policy-test-1.onnx", run / "policy.onnx")
+    before = (run / "policy.onnx").read_bytes()
+    folder = tmp_path / "set"
+    assert install_main(["--run", str(run), "--workload", "mine", "--folder", str(folder),
+                         "--stamp-distribution", f"{trace}@0.5-1"]) == 0
+    assert (run / "policy.onnx").read_bytes() == before
+    d = GuardedDecider(folder / "policy-mine.onnx")
+    guard = d.policy.ood_guard
+    assert guard is not None and guard.distribution.samples >= MIN_SAMPLES
+    # what the policy saw: two requests a second, prompts of the conversation trace's lengths
+    assert guard.distribution.outside(LONG) is not None
