@@ -15,7 +15,7 @@ RAY_STAMP := $(VENV)/.installed-ray
 VLLM_VENV ?= .venv-vllm
 VPY := $(VLLM_VENV)/bin/python
 VSTAMP := $(VLLM_VENV)/.installed
-VLLM_TEST_DEPS := "pytest>=8" "gymnasium>=1.0"
+VLLM_TEST_DEPS := "pytest>=8" "pytest-timeout>=2.3" "gymnasium>=1.0"
 
 .PHONY: train test test-runtime test-vllm typecheck replay evaluate serve bench lint clean
 

@@ -71,6 +71,11 @@ def test_the_ledger_accounts_with_the_engines_outcome_code():
     iv = lg.close_interval()
     assert (iv.arrivals, iv.finished, iv.met, iv.violations, iv.preemptions) == (3, 1, 1, 1, 1)
     assert iv.kv_gib_s == pytest.approx(100 * (1 << 15) / 2 ** 30 * 1.5)
+    lg.admitted(b)  # a batch request finishes through the same outcome code
+    lg.sampled(b, 3)
+    lg.finished(b)
+    s = lg.summary()
+    assert (s.finished, s.batch_requests, s.batch_met, s.batch_unfinished) == (2, 1, 1, 0)
 
 
 def test_the_ledger_names_late_and_expired_requests_under_shed():

@@ -54,6 +54,7 @@ class Ledger(OutcomesMixin):
         self._interval = IntervalStats(start_s=0.0)
         self.pool = _NoBlocks()  # type: ignore[assignment]
         self._num_running_batch = 0
+        self._batch_blocks = 0  # the outcome code's count; vLLM holds the blocks, so always 0
         self._deadlines: list[tuple[float, int, int, Request]] = []
         self.policy = AdmissionPolicy(config.admission)
         self.slack = admission_slack

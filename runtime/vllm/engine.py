@@ -37,6 +37,9 @@ from runtime.vllm.versions import check_vllm_version
 
 FIRST_TOKEN_ID = 3
 """prompt token ids are drawn from ``[FIRST_TOKEN_ID, vocab)`` (below it: Llama's special ids)"""
+ABORT_DRAIN_S = 120.0
+"""wall seconds vLLM gets to let go of the requests an earlier run left (a fresh engine aborts
+them first); past it the server is reported broken rather than stepped for ever"""
 
 
 @dataclass
@@ -157,7 +160,13 @@ class VllmServer:
         ids = list(self.scheduler.bp_meta)
         if ids:
             self.llm_engine.abort_request(ids, internal=True)
+        deadline = time.monotonic() + ABORT_DRAIN_S
         while self.llm_engine.has_unfinished_requests() or self.scheduler.bp_emit:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"vLLM still holds requests {ABORT_DRAIN_S:g} s after {len(ids)} were "
+                    "aborted (an earlier run failed inside a step and left it inconsistent): "
+                    "start a new VllmServer")
             self.llm_engine.step()
         return len(ids)
 

@@ -5,7 +5,10 @@ suite's collection rule skips files that import it at their top."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
+import pytest
 
 from runtime.decider.failsafe import CONTROLLER_FAULT, FailSafe
 from runtime.decider.pid import PidController
@@ -107,3 +110,14 @@ def test_the_environment_runs_on_vllm(vllm_server):
     assert summary["requests"] == summary["finished"] + summary["rejected"] + \
         summary["rejected_by_reason"].get("aborted", 0)
     e.close()
+
+
+def test_leftovers_vllm_never_lets_go_of_are_reported_in_bounded_time(vllm_server, monkeypatch):
+    import runtime.vllm.engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "ABORT_DRAIN_S", 0.5)
+    monkeypatch.setattr(vllm_server.llm_engine, "has_unfinished_requests", lambda: True)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="start a new VllmServer"):
+        vllm_server.abort_leftovers()
+    assert time.monotonic() - t0 < 30.0
