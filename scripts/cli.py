@@ -61,6 +61,10 @@ GROUPS: dict[str, tuple[Verb, ...]] = {
              "replay a trace through the engine with fixed knobs, report SLO attainment"),
         Verb("serve-replay", f"{SCRIPTS}.serve_replay:main",
              "a wall-clock replay on the torch executor, a controller embedded"),
+        Verb("vllm-serve", "runtime.vllm.serve.launch:main",
+             "vLLM's OpenAI server, the controller in its engine core (docs/vllm-serve.md)"),
+        Verb("vllm-load", f"{SCRIPTS}.vllm_load:main",
+             "a trace window through a vLLM server's completions API, TTFT and TPOT"),
     ),
     "Executor profiles and the simulator's fidelity": (
         Verb("profiles", f"{SCRIPTS}.list_profiles:main",
@@ -93,6 +97,8 @@ BENCH: tuple[Verb, ...] = (
     Verb("soak", f"{SCRIPTS}.soak:main", "the REST server under good and hostile clients"),
     Verb("digest", f"{SCRIPTS}.episode_digest:main",
          "a digest of episodes: a speed change must leave it unchanged"),
+    Verb("vllm-serve", f"{SCRIPTS}.bench_vllm_serve:main",
+         "batchpilot in vllm serve through the API: attainment, cost, faults, start"),
 )
 """``batchpilot bench VERB``: the benchmarks and checks, each printing figures measured side by
 side in one run"""

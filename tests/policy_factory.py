@@ -7,15 +7,17 @@ The legacy (TorchScript) exporter is used because it exports one of these in ~0.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 
-from runtime.knobs import NUM_KNOBS
+from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, knobs_to_action
 from runtime.observation import OBS_DIM, SPEC_ADAPTERS, SPEC_VERSION
 
 OPSET = 17
@@ -92,6 +94,66 @@ def write_policy(path: Path | str, mlp: torch.nn.Module | None = None, **kwargs)
     return path
 
 
+def raising_policy_bytes(trigger_kv_cache_ratio: float = DEFAULT_KNOBS.kv_cache_ratio,
+                         policy_version: str = "raises-in-serving") -> bytes:
+    """A policy that loads and warms up cleanly but raises in onnxruntime on the observations
+    it meets in serving: those whose ``kv_cache_ratio`` knob field is exactly that of
+    ``trigger_kv_cache_ratio`` (the static default's 0.9), which no warm-up observation has (they
+    are the range's ends, its middle and uniform draws). The action is 0 (finite, in range); on
+    a triggering row the graph reshapes it to a shape it cannot take, and onnxruntime raises.
+    A model's bug that only real traffic shows, for the fault tests of the embedded runtime."""
+    from onnx import TensorProto, helper
+
+    kv_index = OBS_DIM - NUM_KNOBS + 2
+    trigger = float(np.float32(knobs_to_action(
+        dataclasses.replace(DEFAULT_KNOBS, kv_cache_ratio=trigger_kv_cache_ratio))[2]))
+
+    def const(name: str, value, dtype=TensorProto.FLOAT, dims=None) -> onnx.NodeProto:
+        arr = np.asarray(value)
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(
+            name + "_v", dtype, list(arr.shape) if dims is None else dims,
+            arr.flatten().tolist()))
+
+    nodes = [
+        const("w", np.zeros((OBS_DIM, NUM_KNOBS), dtype=np.float32)),
+        helper.make_node("MatMul", ["obs", "w"], ["zero"]),
+        const("idx", [kv_index], TensorProto.INT64),
+        helper.make_node("Gather", ["obs", "idx"], ["kv"], axis=1),
+        const("trigger", [trigger]),
+        helper.make_node("Sub", ["kv", "trigger"], ["d"]),
+        helper.make_node("Abs", ["d"], ["ad"]),
+        const("eps", [1e-7]),
+        helper.make_node("Less", ["ad", "eps"], ["hit"]),
+        helper.make_node("Cast", ["hit"], ["hit_i"], to=TensorProto.INT64),
+        helper.make_node("ReduceMax", ["hit_i"], ["k"], keepdims=0),
+        const("five", NUM_KNOBS, TensorProto.INT64, dims=[]),
+        helper.make_node("Add", ["five", "k"], ["width"]),
+        const("minus_one", [-1], TensorProto.INT64),
+        helper.make_node("Unsqueeze", ["width", "zero_axis"], ["width1"]),
+        const("zero_axis", [0], TensorProto.INT64),
+        helper.make_node("Concat", ["minus_one", "width1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["zero", "shape"], ["action"]),
+    ]
+    nodes.insert(nodes.index(next(n for n in nodes if n.op_type == "Unsqueeze")),
+                 nodes.pop(nodes.index(next(n for n in nodes
+                                            if n.output == ["zero_axis"]))))
+    graph = helper.make_graph(
+        nodes, "raises_in_serving",
+        [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", OBS_DIM])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", NUM_KNOBS])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    helper.set_model_props(model, {"batchpilot.spec_version": SPEC_VERSION,
+                                   "batchpilot.policy_version": policy_version})
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def _write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
 def write_fixtures(folder: Path) -> list[Path]:
     """The committed test policies (``tests/fixtures/``), as ``tests/conftest.py`` reads them."""
     return [write_policy(folder / "policy-test-1.onnx", make_mlp(seed=0), policy_version="test-1",
@@ -102,6 +164,8 @@ def write_fixtures(folder: Path) -> list[Path]:
             # finite for a zero observation, NaN past half the first field's range
             write_policy(folder / "policy-nan-mid.onnx", make_mlp(seed=0), nan_above=0.5,
                          policy_version="nan-mid"),
+            # loads and warms up, then raises on the static default's KV ratio (serving)
+            _write_bytes(folder / "policy-raises-in-serving.onnx", raising_policy_bytes()),
             # a policy of the older spec 2 (20 inputs, 3 outputs), served through its adapter
             write_policy(folder / "policy-spec2.onnx", make_spec2_mlp(seed=0),
                          obs_dim=SPEC2.obs_dim, spec_version=SPEC2.version,

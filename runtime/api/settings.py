@@ -33,6 +33,9 @@ OTHER_VARIABLES = frozenset({CHECKPOINTS_DIR_ENV, "BATCHPILOT_TRACES_DIR"})
 the trace folder, which ``env/traces/locations.py`` reads: runtime/ may not import env/); any
 other one that is not a setting below is refused, so that a misspelt setting is not silently
 ignored."""
+OTHER_PREFIXES = ("BATCHPILOT_VLLM_",)
+"""prefixes of other components' settings (the controller inside ``vllm serve``, which checks
+its own: runtime/vllm/serve/settings.py)"""
 KIB, MIB = 1024, 1024 * 1024
 MAX_TIMEOUT_S = 300.0
 """the longest any timeout may be set to: a slow-client protection must stay one"""
@@ -123,7 +126,8 @@ class Settings(BaseSettings):
     def _no_unknown_variables(self) -> Settings:
         known = {ENV_PREFIX + name.upper() for name in type(self).model_fields} | OTHER_VARIABLES
         for variable in sorted(os.environ):
-            if variable.upper().startswith(ENV_PREFIX) and variable.upper() not in known:
+            if variable.upper().startswith(ENV_PREFIX) and variable.upper() not in known \
+                    and not variable.upper().startswith(OTHER_PREFIXES):
                 close = difflib.get_close_matches(variable.upper(), sorted(known), n=1)
                 hint = f"; did you mean {close[0]}?" if close else ""
                 raise ValueError(f"unknown setting {variable}{hint} (the settings are listed in "

@@ -56,6 +56,8 @@ class Ledger(OutcomesMixin):
         self._num_running_batch = 0
         self._batch_blocks = 0  # the outcome code's count; vLLM holds the blocks, so always 0
         self._deadlines: list[tuple[float, int, int, Request]] = []
+        self._late: list[Request] = []
+        self._expired: list[Request] = []
         self.policy = AdmissionPolicy(config.admission)
         self.slack = admission_slack
         self.kv_block_bytes = kv_block_bytes
@@ -173,11 +175,20 @@ class Ledger(OutcomesMixin):
     def due(self) -> tuple[list[Request], list[Request]]:
         """Pop the deadlines passed by ``now``: count the misses that became certain, and return
         (interactive requests late under the admission policy, batch requests whose deadline
-        passed while they wait). The caller sheds, moves back or expires them."""
+        passed while they wait), with those found by :meth:`close_interval` since the last
+        call. The caller sheds, moves back or expires them."""
+        self._pop_due()
+        late, expired = self._late, self._expired
+        self._late, self._expired = [], []
+        return late, expired
+
+    def _pop_due(self) -> None:
+        """Pop the deadlines passed by ``now`` into the late and expired lists (the misses
+        counted now, in the open interval)."""
         dl = self._deadlines
         now = self.now
-        late: list[Request] = []
-        expired: list[Request] = []
+        late = self._late
+        expired = self._expired
         acting = self.policy != AdmissionPolicy.FCFS
         while dl and dl[0][0] <= now:
             _, _, kind, r = heapq.heappop(dl)
@@ -198,7 +209,6 @@ class Ledger(OutcomesMixin):
                 elif self.slack == 1.0 or (self.policy == AdmissionPolicy.SHED
                                            and r.status == Status.RUNNING):
                     late.append(r)  # late at its TTFT target, or a prefill past it
-        return late, expired
 
     def next_deadline_s(self) -> float:
         return self._deadlines[0][0] if self._deadlines else float("inf")
@@ -225,8 +235,9 @@ class Ledger(OutcomesMixin):
 
     def close_interval(self) -> IntervalStats:
         """Close the open interval at ``now`` (the caller fills in the state at its end before
-        :meth:`IntervalStats.close_percentiles`) and open the next."""
-        self.due()
+        :meth:`IntervalStats.close_percentiles`) and open the next. The requests that became
+        late or expired wait for the scheduler's next :meth:`due`."""
+        self._pop_due()
         self.account_memory()
         iv = self._interval
         iv.end_s = self.now

@@ -129,6 +129,18 @@ class StepRecord:
                 float(self.decode_seqs), float(self.decode_ctx_tokens))
 
 
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """What the knobs set up for one step before vLLM schedules it."""
+
+    now: float
+    hidden: list[VllmRequest]
+    """batch prefills left out of this step (put back once vLLM has scheduled it)"""
+    budget: int
+    i_waiting: bool
+    used: int
+
+
 class _Clock:
     """Seconds since the scheduler started (monotonic)."""
 
@@ -299,26 +311,44 @@ class KnobSchedulerMixin:
         return bool(self.bp_emit) or super().has_requests()  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        plan = self._bp_plan()
+        try:
+            out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._bp_unhide(plan)
+        self._bp_scheduled(out, plan)
+        return out
+
+    def _bp_plan(self) -> StepPlan:
+        """The knobs before vLLM's own scheduling: admission, the KV cap, the window, the
+        classes' order and the token budget."""
         t0 = time.perf_counter()
         now = self._bp_now()
         self.prepare()
         hidden, budget, i_waiting = self._bp_arrange()
         used = self.bp_pool_blocks - self._bp_free() - len(self.bp_withheld)
-        t1 = self.bp_step_started_s = time.perf_counter()
-        try:
-            out = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        finally:
-            if hidden:
-                self.running.extend(hidden)
+        self.bp_step_started_s = time.perf_counter()
+        self.bp_overhead_s += self.bp_step_started_s - t0
+        return StepPlan(now, hidden, budget, i_waiting, used)
+
+    def _bp_unhide(self, plan: StepPlan) -> None:
+        """Put back the batch prefills left out of the step (vLLM has scheduled it)."""
+        if plan.hidden:
+            self.running.extend(plan.hidden)
+
+    def _bp_scheduled(self, out: Any, plan: StepPlan) -> None:
+        """What vLLM scheduled, into the accounting and the step log."""
         t2 = time.perf_counter()
-        self._bp_after_schedule(out, now, budget, used, i_waiting)
-        self.bp_overhead_s += (t1 - t0) + (time.perf_counter() - t2)
-        return out
+        self._bp_after_schedule(out, plan.now, plan.budget, plan.used, plan.i_waiting)
+        self.bp_overhead_s += time.perf_counter() - t2
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         self.bp_model_s = time.perf_counter() - self.bp_step_started_s
         outputs = super().update_from_output(scheduler_output,  # type: ignore[misc]
                                              model_runner_output)
+        return self._bp_outputs(outputs)
+
+    def _bp_outputs(self, outputs: Any) -> Any:
         t0 = time.perf_counter()
         try:
             return self._bp_account_outputs(outputs)
@@ -343,6 +373,11 @@ class KnobSchedulerMixin:
                         self.ledger.finished(meta)
                     else:
                         self.ledger.rejected(meta, RejectReason.ABORTED)
+        return self._bp_emit_ends(outputs)
+
+    def _bp_emit_ends(self, outputs: Any) -> Any:
+        """Add to a step's outputs the end of every request the scheduler ended itself: vLLM's
+        abort, with our reason as its ``stop_reason``, so that its client learns why."""
         if self.bp_emit:
             for request in self.bp_emit:
                 reason = self.bp_reasons.pop(request.request_id, RejectReason.ABORTED)
@@ -358,12 +393,21 @@ class KnobSchedulerMixin:
 
     def _preempt_request(self, request: VllmRequest, *args: Any, **kwargs: Any) -> None:
         super()._preempt_request(request, *args, **kwargs)  # type: ignore[misc]
+        self._bp_preempted(request)
+
+    def _bp_preempted(self, request: VllmRequest) -> None:
         meta = self.bp_meta.get(request.request_id)
         if meta is not None:
             self.ledger.preempted(meta)
 
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> Any:
         done = super().finish_requests(request_ids, finished_status)  # type: ignore[misc]
+        self._bp_finished(done)
+        return done
+
+    def _bp_finished(self, done: Iterable[VllmRequest]) -> None:
+        """Requests vLLM finished on a signal from outside (an abort, or the scheduler's own
+        end of a request): out of the held queues, into the accounting with their reason."""
         for request in done:
             self._bp_unhold(request)
             meta = self.bp_meta.pop(request.request_id, None)
@@ -372,7 +416,6 @@ class KnobSchedulerMixin:
                 self.bp_ids.pop(meta.req_id, None)
                 self.ledger.now = self._bp_now()
                 self.ledger.rejected(meta, reason)
-        return done
 
     # ------------------------------------------------------------------ the knobs at a step
     def prepare(self) -> None:
@@ -388,7 +431,7 @@ class KnobSchedulerMixin:
                 continue
             if request.status == RequestStatus.RUNNING:
                 if policy == AdmissionPolicy.SHED and \
-                        self.ledger.now - meta.arrival_s > meta.ttft_target_s:
+                        self.ledger.now - meta.arrival_s >= meta.ttft_target_s:
                     self._bp_end(request, RejectReason.SHED)
             elif policy == AdmissionPolicy.SHED:
                 self._bp_end(request, RejectReason.SHED)

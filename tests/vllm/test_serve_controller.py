@@ -1,0 +1,142 @@
+"""The serving controller on the session's in-process vLLM engine, stepped by vLLM's own
+``LLMEngine.step()``: it decides on vLLM's clock, busy and idle; a controller that raises, or an
+interval that cannot be closed, holds the static knobs with the cause logged once; a fault in the
+knobs' per-step work leaves vLLM to its own scheduling. The scheduler vLLM runs is made the
+serving one for a test (its class swapped, the controller started on it), and put back after."""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from runtime.decider.failsafe import CONTROLLER_FAULT, FailSafe
+from runtime.knobs import Knobs
+
+LIMIT_S = 600.0
+
+
+@contextmanager
+def serving(vllm_server, **settings):
+    """The session's vLLM with its scheduler serving under ``settings``."""
+    from runtime.vllm.scheduler import BatchpilotScheduler
+    from runtime.vllm.serve.scheduler import ServingScheduler
+    from runtime.vllm.serve.settings import ServeSettings
+
+    vllm_server.abort_leftovers()
+    sch = vllm_server.scheduler
+    sch.__class__ = ServingScheduler
+    try:
+        sch._bp_serve(ServeSettings(**{"metrics_port": 0, "timeline_s": 0, "reload_poll_s": 0,
+                                       "policy_file": "", **settings}))
+        yield sch
+    finally:
+        controller = getattr(sch, "bp_controller", None)
+        if controller is not None:
+            controller.stop()
+        sch.__class__ = BatchpilotScheduler
+        vllm_server.abort_leftovers()
+
+
+def serve(vllm_server, prompts, outputs) -> list:
+    """Hand vLLM requests (as its API server does) and step it until they end; their outputs."""
+    from vllm import SamplingParams
+
+    eng = vllm_server.llm_engine
+    for i, (p, o) in enumerate(zip(prompts, outputs)):
+        eng.add_request(f"serve-{time.monotonic_ns()}-{i}",
+                        {"prompt_token_ids": [5 + (i + j) % 1000 for j in range(p)]},
+                        SamplingParams(max_tokens=o, ignore_eos=True, detokenize=False))
+    ended = []
+    deadline = time.time() + LIMIT_S
+    while eng.has_unfinished_requests():
+        ended += [out for out in eng.step() if out.finished]
+        assert time.time() < deadline
+    return ended
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def captured():
+    """What the controller and the fail-safe log."""
+    logs = [logging.getLogger("batchpilot.vllm"), logging.getLogger("runtime.decider.failsafe")]
+    handler = _Capture()
+    for log in logs:
+        log.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        for log in logs:
+            log.removeHandler(handler)
+
+
+def test_it_decides_every_interval_busy_and_idle(vllm_server):
+    with serving(vllm_server, controller="pid", interval_s=0.1) as sch:
+        c = sch.bp_controller
+        t0 = c.clock()
+        ended = serve(vllm_server, [400] * 6, [24] * 6)
+        assert len(ended) == 6 and all(o.outputs[0].finish_reason == "length" for o in ended)
+        busy = c.num_ticks
+        time.sleep(0.6)  # nothing to serve: the controller's thread decides
+        assert c.idle_ticks >= 3 and c.num_ticks > busy
+        elapsed = c.clock() - t0
+        # once an interval (a step is never cut: a long one may hold two grid points back)
+        assert c.num_ticks <= elapsed / 0.1 + 2
+        assert c.by_source["pid"] == c.num_ticks and c.last.source == "pid"
+        assert c.totals.arrivals == 6
+        assert c.totals.finished == 6 and c.totals.decode_tokens > 0
+        assert sch.bp_steps  # the knobs were applied at vLLM's steps
+
+
+def test_a_controller_that_raises_holds_the_static_knobs(vllm_server, captured):
+    class Raises:
+        def decide(self, observation):
+            raise RuntimeError("the controller broke")
+
+    static = Knobs(5.0, 512, 0.8)
+    with serving(vllm_server, controller="pid", static_prefill_chunk_tokens=512,
+                 static_kv_cache_ratio=0.8) as sch:
+        c = sch.bp_controller
+        sch.set_knobs(Knobs(50.0, 4096, 0.5))  # somewhere else, as a controller left them
+        c.decider = FailSafe(Raises(), static)
+        ended = serve(vllm_server, [300] * 4, [16] * 4)
+        assert len(ended) == 4 and all(o.outputs[0].finish_reason == "length" for o in ended)
+        assert sch.knobs == static and c.last.source == "static"
+        assert c.last.reason == CONTROLLER_FAULT and c.by_reason[CONTROLLER_FAULT] >= 1
+        assert sum("the controller broke" in line for line in captured) == 1  # once
+        # a fault in the loop itself (the interval cannot be closed): the same
+        sch.set_knobs(Knobs(50.0, 4096, 0.5))
+        sch.collect_interval = lambda: 1 / 0
+        try:
+            ended = serve(vllm_server, [300] * 4, [16] * 4)
+        finally:
+            del sch.collect_interval
+        assert len(ended) == 4
+        assert sch.knobs == static and c.faults["ZeroDivisionError"] >= 1
+        assert sum("ZeroDivisionError" in line for line in captured) == 1
+
+
+def test_a_fault_in_the_knobs_per_step_work_leaves_vllm_to_itself(vllm_server, captured):
+    with serving(vllm_server, controller="static", static_kv_cache_ratio=0.5) as sch:
+        assert sch.bp_withheld  # the cap withholds blocks
+        sch._bp_arrange = lambda: 1 / 0
+        try:
+            ended = serve(vllm_server, [300] * 5, [12] * 5)
+        finally:
+            del sch._bp_arrange
+        assert len(ended) == 5 and all(o.outputs[0].finish_reason == "length" for o in ended)
+        assert sch.bp_passthrough and sch.bp_fault is not None
+        assert not sch.bp_withheld and sch.max_num_scheduled_tokens == sch.bp_startup_budget
+        assert sum("knob application failed" in line for line in captured) == 1
+        assert sch.bp_controller.state()["passthrough"] is True
+    assert type(vllm_server.scheduler).__name__ == "BatchpilotScheduler"
