@@ -54,8 +54,8 @@ from agents.registry import (
     make_controller,
 )
 from agents.scorecard import REFERENCE, TARGET, scorecard
+from agents.windows import DRAIN_LIMIT_S, eval_window
 from env.replay import replay
-from env.traces import rate_scale, split
 from env.traces.resolve import resolve_trace, trace_label
 from env.traces.trace import Trace
 from runtime.decider.controller import Controller
@@ -65,9 +65,6 @@ from runtime.engine.profile import Profile
 from runtime.engine.request import RejectReason
 from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, NUM_KNOBS
 from runtime.session import DEFAULT_INTERVAL_S, IntervalRecord
-
-DRAIN_LIMIT_S = 1800.0
-"""a replay that has not drained this long after its last arrival is cut off (aborted)"""
 
 TIMELINE_KEYS = ("t", *KNOB_NAMES, "waiting", "running", "slo_attainment", "arrival_rate",
                  "kv_utilization", "batch_backlog_tokens")
@@ -178,19 +175,9 @@ def run_episode(window: Trace, controller: Controller, *, interval_s: float,
                          t.reasons)
 
 
-@functools.lru_cache(maxsize=8)
-def _split_trace(trace_spec: str, part: str) -> Trace:
-    return split(resolve_trace(trace_spec), part)
-
-
-def _window(spec: EvalSpec, scale: float) -> Trace:
-    trace = _split_trace(spec.trace, spec.part)
-    return rate_scale(trace, scale) if scale != 1.0 else trace
-
-
 def summary_at(spec: EvalSpec, controller: Controller, scale: float) -> dict:
     """The run summary of ``controller`` on the spec's window at ``scale`` (no timeline)."""
-    return run_episode(_window(spec, scale), controller, interval_s=spec.interval_s,
+    return run_episode(eval_window(spec, scale), controller, interval_s=spec.interval_s,
                        profile=Profile.load(spec.profile_path), config=spec.config,
                        tally=False).summary
 
@@ -215,7 +202,7 @@ def _row_job(args: tuple) -> dict:
     if name == ORACLE_NAME:
         from agents.oracle_bound import bound_row
 
-        return bound_row(spec, scale, record)
+        return bound_row(spec, scale, record, controller_row)
     return controller_row(spec, name, make_controller(name, spec), scale, record)
 
 
@@ -225,7 +212,7 @@ def controller_row(spec: EvalSpec, name: str, controller: Controller, scale: flo
     (with its timeline when ``record``)."""
     profile = Profile.load(spec.profile_path)
     t0 = time.perf_counter()
-    window = _window(spec, scale)
+    window = eval_window(spec, scale)
     ep = run_episode(window, controller, interval_s=spec.interval_s,
                      profile=profile, config=spec.config, record=True)
     s = ep.summary
@@ -281,7 +268,7 @@ def _capacity_job(args: tuple) -> dict:
     if name == ORACLE_NAME:
         from agents.oracle_bound import bound_capacity
 
-        return bound_capacity(spec, known)
+        return bound_capacity(spec, known, summary_at)
     attainment = {scale: k[0] for scale, k in known.items()}
     goodput = {scale: k[1] for scale, k in known.items()}
     out = {"controller": name, "upper_bound": is_upper_bound(name),

@@ -25,6 +25,7 @@ It is not deployable: it reads the engine and the trace's future, and replays wh
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from agents.bisection import walk
@@ -55,10 +56,10 @@ def _arms(spec: EvalSpec) -> dict[str, Any]:
             for name, s in portfolio(spec).items()}
 
 
-def bound_row(spec: EvalSpec, scale: float, record: bool) -> dict:
-    """The oracle's row at ``scale``: the kept run's figures (see the module docstring)."""
-    from agents.arena import controller_row
-
+def bound_row(spec: EvalSpec, scale: float, record: bool, controller_row: Callable) -> dict:
+    """The oracle's row at ``scale``: the kept run's figures (see the module docstring).
+    ``controller_row``: the arena's row of one controller (:func:`agents.arena.controller_row`;
+    passed in, as the arena calls this module)."""
     search = controller_row(spec, ORACLE_NAME, make_controller(ORACLE_NAME, spec), scale, record)
     runs = {SEARCH: search}
     for name, c in _arms(spec).items():
@@ -75,12 +76,11 @@ def bound_row(spec: EvalSpec, scale: float, record: bool) -> dict:
     return row
 
 
-def bound_capacity(spec: EvalSpec, known: dict[float, tuple]) -> dict:
+def bound_capacity(spec: EvalSpec, known: dict[float, tuple], summary_at: Callable) -> dict:
     """The oracle's capacities at 99% and 90% (the walk over the kept run's attainment at each
     load), and the search's own. ``known``: the oracle rows' (interactive attainment, goodput,
-    the search's own interactive attainment) by load; the first two are the kept runs'."""
-    from agents.arena import summary_at
-
+    the search's own interactive attainment) by load; the first two are the kept runs'.
+    ``summary_at``: a controller's run summary at a load (:func:`agents.arena.summary_at`)."""
     search = make_controller(ORACLE_NAME, spec)
     arms = _arms(spec)
     bound = {s: k[0] for s, k in known.items()}

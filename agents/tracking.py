@@ -22,9 +22,9 @@ def wandb_mode(requested: str) -> str:
 def log_to_wandb(wandb_run, result: dict, plots: list[Path], onnx_path: Path, run_dir: Path,
                  run_name: str, summary: dict) -> None:
     """The final table, the plots and the policy (with its card) as a W&B artifact."""
-    import wandb
-
     import json
+
+    import wandb
 
     # who decided and why are counts by name, a different set of names on every row: a table
     # cell of W&B holds one type per column, so they go in as JSON text

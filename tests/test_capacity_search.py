@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents.arena import find_capacity, summary_at
+from agents.arena import controller_row, find_capacity, summary_at
 from agents.controllers.best_static import BestStatic, BestStaticController, parse_grid
 from agents.controllers.capacity_search import TOP, capacity_static, probe, rank
 from agents.oracle import OracleConfig
@@ -100,14 +100,14 @@ def test_hindsight_static_is_never_below_best_static_and_the_oracle_bounds_both(
     arms = portfolio(spec)
     assert set(arms.values()) >= {best_static(spec), hindsight_static(spec)}
     for scale in (0.7, 1.4):
-        row = bound_row(spec, scale, False)
+        row = bound_row(spec, scale, False, controller_row)
         assert row["upper_bound"] and row["oracle_run"] in (SEARCH, *arms)
         for name, setting in arms.items():
             own = summary_at(spec, BestStaticController(setting.knobs, setting.admission),
                              scale)["interactive_attainment"]
             assert row["interactive_attainment"] >= own == row["arms"][name]
         assert row["interactive_attainment"] >= row["search"]["interactive_attainment"]
-    cap = bound_capacity(spec, {})
+    cap = bound_capacity(spec, {}, summary_at)
     for target, tag in ((0.99, "99"), (0.90, "90")):
         for setting in arms.values():
             assert cap[f"capacity_{tag}"] >= _capacity(spec, setting, target)

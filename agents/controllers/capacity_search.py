@@ -57,6 +57,7 @@ from agents.controllers.best_static import (
     cache_key,
     lever_settings,
 )
+from agents.windows import DRAIN_LIMIT_S, eval_window
 from env.traces import split
 from env.traces.resolve import resolve_trace, trace_label
 from runtime.engine.profile import Profile
@@ -106,11 +107,10 @@ def probe(spec: Any, setting: BestStatic, scale: float, target: float | None = N
     :meth:`runtime.engine.engine.Engine.run_to_completion` does, looking at its misses every
     :data:`PROBE_STRIDE_S`), or None when it stopped early because the attainment is certainly
     under ``target``."""
-    from agents.arena import DRAIN_LIMIT_S, _window
     from runtime.engine.engine import Engine
     from runtime.engine.sim_executor import SimulatedExecutor
 
-    window = _window(spec, scale)
+    window = eval_window(spec, scale)
     knobs, config = BestStaticController(setting.knobs, setting.admission).start(spec.config)
     window.check_classes(config.slo_classes)
     budget = math.inf

@@ -64,7 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.arena import _window, find_capacity, run_episode
+from agents.arena import find_capacity, run_episode
 from agents.controllers.best_static import best_static_knobs
 from agents.oracle import (
     DEFAULT_CANDIDATES,
@@ -79,6 +79,7 @@ from agents.oracle import (
 )
 from agents.registry import EvalSpec
 from agents.scorecard import ORACLE_GAIN_BAR, TARGET, per_arrival_second
+from agents.windows import eval_window
 from env.traces.cotenant import cotenant_demand
 from env.traces.resolve import trace_label
 from runtime.decider.decision import Decision, decided_by
@@ -215,7 +216,7 @@ def _run(job: tuple) -> dict:
     cfg, lever, trace, part, arm, scale = job
     spec = EvalSpec(trace, part, None, cfg.interval_s)
     t0, c0 = time.perf_counter(), time.process_time()
-    window = _window(spec, scale)
+    window = eval_window(spec, scale)
     ep = run_episode(window, controller(arm, cfg), interval_s=cfg.interval_s,
                      profile=Profile.load(), config=engine_config(lever))
     s = ep.summary
