@@ -339,8 +339,10 @@ def main(argv: list[str] | None = None, *,
     # one's own gets its search here, once)
     engine_config = cfg.engine_config(seed=cfg.seed)
     grid = parse_grid(cfg.static_grid) if cfg.static_grid else None
+    # (a search not cached yet runs here, on the run's workers, with its progress shown)
     references = {t: reference_knobs(EvalSpec(t, "train", cfg.profile, cfg.interval_s,
-                                              engine_config, static_grid=grid))
+                                              engine_config, static_grid=grid),
+                                     workers=cfg.workers, progress=True)
                   for t in traces}
     for t, k in references.items():
         print(f"best static on {trace_label(t)} (train split): {k}")

@@ -90,16 +90,17 @@ def best_static(spec: EvalSpec, kv_cache_ratio: float | None = None,
     return capacity_search(spec, "train", target)["best"]["setting"]
 
 
-def reference_knobs(spec: EvalSpec) -> Knobs:
+def reference_knobs(spec: EvalSpec, **options: Any) -> Knobs:
     """Training's reference for the spec's trace: best static's knobs (capacity at 99% on the
     train split) under the deployment's admission policy, which no controller may change: the
     best-ranked setting of best static's search that keeps it (the whole knob grid's first pass
     runs under it). The differential reward's pairing, the imitation oracle's anchor and the
     periodic evaluation's best static are then the arena's best static wherever it keeps the
-    deployment's admission."""
+    deployment's admission. ``options``: the search's, when it is not cached (workers, ray,
+    progress)."""
     from agents.controllers.capacity_search import rank
 
-    found = capacity_search(spec, "train", 0.99)
+    found = capacity_search(spec, "train", 0.99, **options)
     for e in rank(found["table"]):
         if e["setting"].admission == spec.config.admission:
             return e["setting"].knobs
