@@ -105,6 +105,11 @@ def tuned_best_static(trace: str, spec: EvalSpec, arena: VllmArena, static_load:
     train = split(resolve_trace(trace), "train")
     t0 = float(train.arrival_s[0]) + arena.window_start_s
     raw = time_window(train, t0, t0 + arena.window_s * max(scales))
+    if len(raw) == 0:
+        raise ValueError(f"{trace}: best static cannot be tuned: the training split holds no "
+                         f"request from {arena.window_start_s:g} s to "
+                         f"{arena.window_start_s + arena.window_s * max(scales):g} s (a bursty "
+                         "trace: start the window elsewhere, window_start_s)")
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"{trace_label(trace)}-train-window.csv"
     rows = ["arrival_s,prompt_tokens,output_tokens,slo_class"]
