@@ -89,6 +89,8 @@ def simulate(spec: EvalSpec, controller: Controller, w: Trace, profile: Profile)
 
 TUNING_MULTIPLES = (0.5, 1.0, 2.0)
 """best static is tuned at these multiples of the static default's first load"""
+LOWEST_SCALE = 1 / 16
+"""the lightest rate scale the load searches try"""
 
 
 def tuned_best_static(trace: str, spec: EvalSpec, arena: VllmArena, static_load: float,
@@ -97,10 +99,17 @@ def tuned_best_static(trace: str, spec: EvalSpec, arena: VllmArena, static_load:
     a window of the arena's length (the simulator replays each of the grid's settings there, at
     ``TUNING_MULTIPLES`` of the static default's load): deployable (it never sees the held-out
     window), and cheap enough to search per run."""
-    scales = tuple(m * static_load for m in TUNING_MULTIPLES)
+    # a static default under target even at the lightest load tried (the search's 0): tune at
+    # that load rather than on an empty window
+    scales = tuple(m * max(static_load, LOWEST_SCALE) for m in TUNING_MULTIPLES)
     train = split(resolve_trace(trace), "train")
     t0 = float(train.arrival_s[0]) + arena.window_start_s
     raw = time_window(train, t0, t0 + arena.window_s * max(scales))
+    if len(raw) == 0:
+        raise ValueError(f"{trace}: best static cannot be tuned: the training split holds no "
+                         f"request from {arena.window_start_s:g} s to "
+                         f"{arena.window_start_s + arena.window_s * max(scales):g} s (a bursty "
+                         "trace: start the window elsewhere, window_start_s)")
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = cache_dir / f"{trace_label(trace)}-train-window.csv"
     rows = ["arrival_s,prompt_tokens,output_tokens,slo_class"]
@@ -125,10 +134,10 @@ def find_loads(spec: EvalSpec, trace: str, arena: VllmArena, profile: Profile,
     static68 = find_capacity(
         lambda s: simulate(static_spec, make_controller("static", static_spec),
                            window(trace, s, arena), profile)["interactive_attainment"],
-        arena.static_target, {}, lowest=1 / 16, highest=16.0)
+        arena.static_target, {}, lowest=LOWEST_SCALE, highest=16.0)
     cap = find_capacity(
         lambda s: simulate(spec, best, window(trace, s, arena), profile)["slo_attainment"],
-        arena.capacity_target, {}, lowest=1 / 16, highest=16.0)
+        arena.capacity_target, {}, lowest=LOWEST_SCALE, highest=16.0)
     return {f"static@{arena.static_target:g}": static68,
             f"best-static capacity@{arena.capacity_target:g}": cap}
 
@@ -138,7 +147,7 @@ def static_load(spec: EvalSpec, trace: str, arena: VllmArena, profile: Profile) 
     return find_capacity(
         lambda s: simulate(static_spec, make_controller("static", static_spec),
                            window(trace, s, arena), profile)["interactive_attainment"],
-        arena.static_target, {}, lowest=1 / 16, highest=16.0)
+        arena.static_target, {}, lowest=LOWEST_SCALE, highest=16.0)
 
 
 def run_on_vllm(server, spec: EvalSpec, ctrl: Controller, w: Trace, arena: VllmArena) -> dict:

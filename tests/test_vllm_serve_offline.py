@@ -83,6 +83,20 @@ def test_the_settings_table_lists_every_variable():
     assert SETTINGS_FILE_VARIABLE in table
 
 
+def test_the_serve_docs_quote_the_current_settings_table():
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "vllm-serve.md"
+    marker = "<!-- vllm-serve-settings:{} -->"
+    found = re.search(re.escape(marker.format("start")) + r"\n(.*?)\n"
+                      + re.escape(marker.format("end")), doc.read_text(), re.S)
+    assert found, "docs/vllm-serve.md has no vllm-serve-settings block"
+    assert found.group(1) == settings_table(), (
+        "docs/vllm-serve.md's settings are stale: paste the output of "
+        "runtime.vllm.serve.settings.settings_table()")
+
+
 def test_the_vllm_command_line_carries_the_scheduler_and_refuses_contradictions():
     argv = vllm_argv(["/models/tiny", "--port", "9000"])
     assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]

@@ -261,12 +261,14 @@ def settings_table() -> str:
     for name, field in ServeSettings.model_fields.items():
         default = field.default
         if name == "policy_dir":
-            default = "checkpoints/shipped"
-        elif isinstance(default, bool):
-            default = str(default).lower()
+            shown = "`checkpoints/shipped`"
         elif default is None:
-            default = "unset"
-        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | `{default}` | "
+            shown = "unset"
+        elif default == "":
+            shown = "empty"
+        else:
+            shown = f"`{str(default).lower() if isinstance(default, bool) else default}`"
+        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | {shown} | "
                     f"{' '.join((field.description or '').split())} |")
     rows.append(f"| `{SETTINGS_FILE_VARIABLE}` | unset | a JSON file of these settings by name "
                 "(`{\"controller\": \"pid\"}`); a variable wins over the file |")
