@@ -115,6 +115,9 @@ class ClosedFormMixin(SteppingMixin, DeadlinesMixin, DecodeClockMixin):
                 head = dl[0][0]
                 if head < wake:
                     wake = head
+            if wake <= now:  # an event due now that the top of the loop left: one plain step
+                self._eager_step()
+                continue
             clock = self._clock
             ends = self._ends
             top_end, order, r = ends[0]
