@@ -178,8 +178,10 @@ class ClosedFormMixin(SteppingMixin, DeadlinesMixin, DecodeClockMixin):
                         r.block_ids.append(b)
                     if self._num_running_batch:
                         self._batch_blocks += sum(r.is_batch for r in crossing)
-            else:
+            elif self._deferred:
                 self._take_crossings(self._crossings(k))
+            else:
+                self._take_stretch_blocks(k)
             if self._deferred:  # their skipped residue is behind them
                 self._buckets[clock % bs].extend(self._deferred)
                 self._deferred.clear()
@@ -212,6 +214,38 @@ class ClosedFormMixin(SteppingMixin, DeadlinesMixin, DecodeClockMixin):
             hi -= m
             if r.is_batch:
                 self._batch_blocks += m
+
+    def _take_stretch_blocks(self, k: int) -> None:
+        """The blocks of a decode-only stretch of ``k`` iterations, ``k`` of a block or more, none
+        deferred: every running request is a registered decode then and crosses into at least
+        one block, so ``running`` (kept in running order) is walked once, each request's count
+        read from its clock residue; the allocation is cut as :meth:`_take_crossings` cuts it."""
+        bs = self.block_size
+        now = self._clock
+        buckets = self._buckets
+        per_residue = [0] * bs  # blocks a request of each residue takes
+        total = 0
+        for i in range(bs):
+            m = (k - 1 - i) // bs + 1
+            b = (now + i) % bs
+            per_residue[b] = m
+            total += m * len(buckets[b])
+        got = self.pool.allocate(total)
+        assert got is not None, "the stretch reserved these blocks"
+        hi = len(got)
+        if self._num_running_batch:
+            for r in self.running:
+                m = per_residue[(r.synced_at - r.num_computed_tokens) % bs]
+                r.block_ids.extend(got[hi - m:hi])
+                hi -= m
+                if r.is_batch:
+                    self._batch_blocks += m
+        else:
+            for r in self.running:
+                m = per_residue[(r.synced_at - r.num_computed_tokens) % bs]
+                r.block_ids.extend(got[hi - m:hi])
+                hi -= m
+        assert hi == 0, "a running request off the clock in a decode-only stretch"
 
     def _complete_decodes(self, top: int) -> None:
         """Finish the registered decodes whose last token came at clock ``top``, in running
