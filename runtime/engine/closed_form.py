@@ -157,7 +157,7 @@ class ClosedFormMixin(SteppingMixin, DeadlinesMixin, DecodeClockMixin):
             free = pool.num_free
             if free < n * (-(-k // bs)):
                 q, j = divmod(free, n)
-                k_block = q * bs + self._block_offsets()[j]
+                k_block = q * bs + self._block_offset(j)
                 if k_block < k:
                     k = k_block
                 if k <= 0:  # short at once: the step-by-step path preempts

@@ -130,16 +130,18 @@ class DecodeClockMixin(EngineState):
         else:
             self._deferred.append(r)
 
-    def _block_offsets(self) -> list[int]:
-        """Every registered decode's iterations until it next needs a block, sorted."""
+    def _block_offset(self, j: int) -> int:
+        """The ``j``-th smallest (from 0) of the registered decodes' iterations until each next
+        needs a block: a walk over the residues, not over the decodes."""
         now = self._clock
         bs = self.block_size
         buckets = self._buckets
-        offsets: list[int] = []
         for i in range(bs):
-            offsets.extend([i] * len(buckets[(now + i) % bs]))
-        offsets.extend([bs] * len(self._deferred))
-        return offsets
+            j -= len(buckets[(now + i) % bs])
+            if j < 0:
+                return i
+        assert j < len(self._deferred), "fewer registered decodes than asked for"
+        return bs  # a deferred one: a whole block in hand
 
     def _crossings(self, k: int) -> list[tuple[Request, int]]:
         """The registered decodes that need blocks in the next ``k`` iterations, each with how
