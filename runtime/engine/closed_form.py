@@ -22,8 +22,8 @@ import heapq
 import math
 from itertools import chain
 
-from runtime.engine.decode_clock import DecodeClockMixin, order_of
 from runtime.engine.deadlines import DeadlinesMixin
+from runtime.engine.decode_clock import DecodeClockMixin, order_of
 from runtime.engine.request import Request
 from runtime.engine.stepping import SteppingMixin
 

@@ -145,11 +145,12 @@ class DecodeClockMixin(EngineState):
 
     def _crossings(self, k: int) -> list[tuple[Request, int]]:
         """The registered decodes that need blocks in the next ``k`` iterations, each with how
-        many, in running order (the general case: ``k`` of a block or more)."""
+        many, in running order (a stretch of a block or more with deferred decodes, a step at a
+        block size of 1)."""
         now = self._clock
         bs = self.block_size
         buckets = self._buckets
-        out = []
+        out: list[tuple[Request, int]] = []
         for i in range(min(k, bs)):
             m = (k - 1 - i) // bs + 1
             out.extend((r, m) for r in buckets[(now + i) % bs])
