@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 from runtime.engine.engine import Engine, EngineConfig
+from runtime.engine.metrics import IntervalStats
 from runtime.engine.profile import Profile
+from runtime.engine.recording import RecordingExecutor
 from runtime.engine.request import RejectReason, Status
 from runtime.engine.sim_executor import SimulatedExecutor
 from runtime.engine.state import EngineState
-from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, Knobs
+from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, Knobs, action_to_knobs
 from tests.engine_factory import hand_profile, make_engine, random_workload
 
 
@@ -296,49 +298,94 @@ def test_the_engine_state_declares_exactly_the_attributes_an_engine_holds():
 
 
 
-def _one_stretch_per_call(e: Engine) -> Engine:
-    """``e`` with the closed-form path cut after every stretch: admission looks due at every
-    stretch's end, so each call runs one stretch and :meth:`Engine.run_until` the next (the
-    engine as it ran before stretches were chained)."""
-    e._admission_idle = lambda: False  # type: ignore[method-assign]
+def _rebuilt_at_every_event(e: Engine) -> Engine:
+    """``e`` with the lazy decode clock's state dropped after every stretch and step, so that
+    each is computed afresh from every request's own token counts and blocks (the engine as it
+    ran before its state was kept from event to event)."""
+    e._rebuild_every_event = True
     return e
 
 
-def _trajectory(e: Engine, until: float, interval_s: float) -> list:
+def _trajectory(e: Engine, until: float, interval_s: float, knobs_seed: int | None = None
+                ) -> list:
     """Every interval's stats (fragmentation included: block ids matter) and every request's
-    outcome, exactly."""
+    outcome, exactly; with ``knobs_seed``, seeded random knobs set at every interval (the pool
+    grows and shrinks, preempting requests mid-decode)."""
+    rng = np.random.default_rng(knobs_seed)
     rows = []
     while e.has_work() and e.now < until:
         e.run_until(e.now + interval_s)
         e.check_invariants()
         iv = e.collect_interval()
         rows.append(tuple(getattr(iv, f) for f in iv.__dataclass_fields__))
+        if knobs_seed is not None:
+            e.set_knobs(action_to_knobs(rng.uniform(-1.0, 1.0, NUM_KNOBS)))
+            e.check_invariants()
     rows.append([(r.req_id, r.status, r.first_token_s, r.finish_s, r.num_preemptions,
-                  r.reject_reason, r.num_output_tokens) for r in e.requests])
+                  r.reject_reason, r.num_output_tokens, r.num_computed_tokens)
+                 for r in e.requests])
     return rows
 
 
-@pytest.mark.parametrize("admission,blocks,rate", [("fcfs", 400, 8), ("fcfs", 60, 20),
-                                                   ("shed", 80, 30), ("late_to_back", 60, 25)])
-def test_chained_closed_form_stretches_are_the_stretch_by_stretch_run_to_the_bit(admission,
-                                                                                 blocks, rate):
-    """Stretches run back to back in one call (past arrivals, deadlines, completions and waits
-    for admission) must give the run of one stretch a call: the same times, counters, block ids
-    (fragmentation) and outcomes, compared with ==."""
+@pytest.mark.parametrize("admission,blocks,rate,knobs_seed", [
+    ("fcfs", 400, 8, None), ("fcfs", 60, 20, None), ("shed", 80, 30, None),
+    ("late_to_back", 60, 25, None), ("fcfs", 120, 20, 1), ("shed", 200, 30, 2),
+    ("late_to_back", 150, 25, 3)])
+def test_the_decode_clocks_kept_state_gives_the_run_rebuilt_at_every_event(admission, blocks,
+                                                                             rate, knobs_seed):
+    """The closed-form loop keeps its decodes' state from event to event (lazy token counts,
+    block residues, completion heap, context sum): it must give the run that rebuilds that
+    state from the requests after every stretch and step, the same times, counters, block ids
+    (fragmentation) and outcomes, compared with ==, past arrivals, deadlines, completions,
+    block shortages, preemptions and knob changes."""
     profile = hand_profile(blocks_at_half=blocks, prefill_token_s=1e-5, decode_ctx_token_s=1e-6,
                            decode_seq_s=2e-5)
     arrivals, prompts, outputs = random_workload(11, 300, rate)
     classes = np.where(np.arange(300) % 4 == 0, "batch", "interactive")
     runs = []
-    for chain in (True, False):
+    for kept in (True, False):
         e = make_engine(profile, chunk=256, admission=admission, admission_slack=0.5)
         e.add_requests(arrivals, prompts, outputs, classes)
-        if not chain:
-            _one_stretch_per_call(e)
-        runs.append(_trajectory(e, 1e9, 0.37))
-        if chain:
+        if not kept:
+            _rebuilt_at_every_event(e)
+        runs.append(_trajectory(e, 1e9, 0.37, knobs_seed))
+        if kept:
             assert e.num_fast_stretches > e.num_iterations / 200  # the path was taken
+            if blocks <= 80 or knobs_seed is not None:
+                assert e.num_preemptions > 0
     assert runs[0] == runs[1]
+
+
+def test_an_executor_that_must_see_its_batches_gets_every_step_and_the_same_run():
+    """A wrapper of the simulated executor (a recording, a subclass that counts) is handed
+    every step's batch, as the step-by-step path builds it, and the run is the plain
+    executor's to the bit: only the closed-form executor's own steps are timed from
+    aggregates."""
+    profile = hand_profile(blocks_at_half=150, prefill_token_s=1e-5, decode_ctx_token_s=1e-6,
+                           decode_seq_s=2e-5)
+    arrivals, prompts, outputs = random_workload(5, 200, 20)
+    runs = []
+    for wrap in (False, True):
+        ex = SimulatedExecutor(profile)
+        rec = RecordingExecutor(ex) if wrap else ex
+        e = Engine(rec, Knobs(5.0, 256, 0.5), EngineConfig())
+        assert (e._iteration_cost is None) == wrap
+        e.add_requests(arrivals, prompts, outputs)
+        runs.append(_trajectory(e, 1e9, 0.37, knobs_seed=4))
+        if wrap:  # every prefill token went through the executor
+            assert isinstance(rec, RecordingExecutor)
+            col = list(IntervalStats.__dataclass_fields__).index("prefill_tokens")
+            assert sum(r.prefill_tokens for r in rec.records if not r.oom) == sum(
+                row[col] for row in runs[-1][:-1]) > 0
+            assert len(rec.records) < e.num_iterations  # decode stretches in closed form
+    assert runs[0] == runs[1]
+
+    class Counting(SimulatedExecutor):
+        def execute(self, batch, kv_cache_ratio):
+            return super().execute(batch, kv_cache_ratio)
+
+    assert Counting(profile).closed_form() is None
+    assert SimulatedExecutor(profile).closed_form() is profile.cost
 
 
 def test_a_fork_copies_state_it_does_not_know_and_shares_what_never_changes():

@@ -34,6 +34,9 @@ def stderr_of_refused(script: str, *flags: str) -> str:
     pytest.param("replay", ("--admission", "drop"),
                  "invalid choice 'drop' for argument '--admission'. Expected one of ('fcfs', "
                  "'shed', 'late_to_back')", marks=pytest.mark.training_stack),
+    pytest.param("replay_digest", ("--only", "conv-x1", "conv-x9"),
+                 "--only: unknown run(s) conv-x9; the runs are conv-x1, conv-x3",
+                 marks=pytest.mark.training_stack),
     pytest.param("experiments/levers", ("admission", "--capacity", "lots"),
                  "Error parsing --capacity", marks=pytest.mark.training_stack),
 ])

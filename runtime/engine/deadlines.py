@@ -117,6 +117,8 @@ class DeadlinesMixin(MemoryMixin, OutcomesMixin):
         elif policy == AdmissionPolicy.SHED and self.now - r.arrival_s > r.ttft_target_s:
             self.running.remove(r)  # running, still prefilling
             self._num_prefilling -= 1
+            if self._lazy:
+                self._prefill_list.remove(r)
             self.pool.free(r.block_ids)
             r.block_ids = []
         else:

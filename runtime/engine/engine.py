@@ -70,11 +70,11 @@ from typing import cast
 
 from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.block_pool import BlockPool
+from runtime.engine.closed_form import ClosedFormMixin
 from runtime.engine.config import MAX_ARRIVAL_S, EngineConfig, check_batch_share
-from runtime.engine.executor import Batch, Executor
+from runtime.engine.executor import Executor
 from runtime.engine.metrics import IntervalStats, SummaryAccumulator
 from runtime.engine.observing import ObservingMixin
-from runtime.engine.queues import QueuesMixin
 from runtime.engine.request import Request, Status
 from runtime.engine.state import FINISH
 from runtime.knobs import DEFAULT_KNOBS, KNOB_SPECS, Knobs
@@ -87,7 +87,7 @@ _IMMUTABLE = frozenset((int, float, bool, str, type(None), AdmissionPolicy))
 _arrival = operator.attrgetter("arrival_s")
 
 
-class Engine(QueuesMixin, ObservingMixin):
+class Engine(ClosedFormMixin, ObservingMixin):
     """:param executor: runs the batches (simulated or torch)
     :param knobs: the knobs to start with
     :param config: limits and SLO classes
@@ -109,6 +109,11 @@ class Engine(QueuesMixin, ObservingMixin):
         self.pool = BlockPool(self.memory.num_kv_blocks(knobs.kv_cache_ratio))
         self.executor.resize_kv(self.pool.num_blocks, {})
         self._decode_cost = executor.decode_cost() if self.config.fast_path else None
+        closed_form = getattr(executor, "closed_form", None)
+        self._iteration_cost = (closed_form() if closed_form is not None
+                                and self._decode_cost is not None else None)
+        self._fit_ratio = -1.0  # the ratio whose activation workspace _fit_bytes holds
+        self._fit_bytes = 0
         if not self.memory.fits(self.block_size, KNOB_SPECS[2].high):
             raise ValueError(
                 f"the activation workspace at kv_cache_ratio={KNOB_SPECS[2].high} "
@@ -132,6 +137,16 @@ class Engine(QueuesMixin, ObservingMixin):
         self._num_running_batch = 0
         self._batch_blocks = 0  # KV blocks the running batch requests hold
         self._num_prefilling = 0  # running requests that still have prompt (or recompute) work
+        self._admissions = 0  # admissions so far: each one's number orders ``running``
+        # the lazy decode clock (runtime.engine.decode_clock), built when first needed
+        self._lazy = False
+        self._clock = 0
+        self._ctx = 0
+        self._buckets: list[list[Request]] = []
+        self._buckets2: list[list[Request]] = []
+        self._deferred: list[Request] = []
+        self._ends: list[tuple[int, int, Request]] = []
+        self._prefill_list: list[Request] = []
         self._set_policy(self.config.admission, knobs.admission_slack)
         self.batch_share = knobs.batch_share
         """the ``batch_share`` knob in force (read on every step)"""
@@ -198,348 +213,13 @@ class Engine(QueuesMixin, ObservingMixin):
         check_batch_share(share)
         self.set_knobs(dataclasses.replace(self.knobs, batch_share=share))
 
-    # ------------------------------------------------------------------ scheduling
-    def _schedule(self, budget: int) -> Batch:
-        """One batch: a token for every decode, prefill chunks FCFS up to ``budget`` tokens.
-        A decode that needs a block when none is free preempts the newest running request."""
-        batch = Batch()
-        decodes = batch.decodes
-        prefills = batch.prefills
-        running = self.running
-        pool = self.pool
-        bs = self.block_size
-        ctx = pf_tokens = pairs = 0
-        batch_budget = int(self.batch_share * budget)
-        i = 0
-        while i < len(running):
-            r = running[i]
-            computed = r.num_computed_tokens
-            out = r.num_output_tokens
-            todo = r.prompt_tokens + out - computed
-            if out and todo == 1:
-                # decode: one token; it may need a fresh block
-                if computed >= len(r.block_ids) * bs:
-                    block = pool.allocate_one()
-                    while block is None:
-                        victim = running.pop()
-                        self._preempt(victim)
-                        if victim is r:
-                            break
-                        block = pool.allocate_one()
-                    if block is None:
-                        continue  # r itself was preempted (it was the newest)
-                    r.block_ids.append(block)
-                    if r.is_batch:
-                        self._batch_blocks += 1
-                decodes.append(r)
-                ctx += computed + 1
-            elif budget > 0:
-                n = todo if todo < budget else budget
-                if r.is_batch:  # batch requests come last: interactive prefill went first
-                    if n > batch_budget:
-                        n = batch_budget
-                        if n <= 0:
-                            i += 1
-                            continue
-                    batch_budget -= n
-                budget -= n
-                prefills.append((r, n))
-                pf_tokens += n
-                pairs += n * computed + n * (n + 1) // 2
-            i += 1
-        batch.decode_ctx_tokens = ctx
-        batch.prefill_tokens = pf_tokens
-        batch.prefill_attn_pairs = pairs
-        return batch
-
-    def _apply(self, batch: Batch) -> None:
-        """Advance the requests of an executed batch: computed tokens, sampling, completions."""
-        any_done = False
-        for r in batch.decodes:
-            r.num_computed_tokens += 1
-            r.num_output_tokens += 1
-            if r.num_output_tokens == r.output_tokens:
-                self._finish(r)
-                any_done = True
-        for r, n in batch.prefills:
-            r.num_computed_tokens += n
-            num_tokens = r.prompt_tokens + r.num_output_tokens
-            if r.num_computed_tokens == num_tokens:
-                r.num_output_tokens += 1
-                self._num_prefilling -= 1
-                if r.first_token_s is None:
-                    self._first_token(r)
-                if r.num_output_tokens == r.output_tokens:
-                    self._finish(r)
-                    any_done = True
-            elif r.num_output_tokens and r.num_computed_tokens == num_tokens - 1:
-                self._num_prefilling -= 1  # a recompute chunk one token short: now a decode
-        if any_done:
-            self.running = [r for r in self.running if r.status == Status.RUNNING]
-
-    def _step(self) -> bool:
-        """One iteration, step by step. Returns False when there was nothing to run."""
-        if not self.running:
-            return False
-        budget = self.knobs.prefill_chunk_tokens
-        if self._chunk_cap is not None:
-            budget = min(budget, self._chunk_cap)
-        ratio = self.knobs.kv_cache_ratio
-        iv = self._interval
-        while True:
-            preempted = self.num_preemptions
-            batch = self._schedule(budget)
-            if batch.is_empty():
-                # With every running request preempted for blocks the queue changed: admission
-                # runs again (and rejects a request that alone outgrew a shrunk pool).
-                return bool(self.running) or self.num_preemptions > preempted
-            result = self.executor.execute(batch, ratio)
-            if not result.oom:
-                break
-            self.num_ooms += 1
-            iv.ooms += 1
-            self.now += result.duration_s
-            iv.busy_s += result.duration_s
-            if batch.prefill_tokens > self.block_size:
-                budget = max(self.block_size,
-                             (batch.prefill_tokens // 2) // self.block_size * self.block_size)
-                self._chunk_cap = budget
-            else:  # the smallest chunk does not fit beside the decodes: shed the newest request
-                self._preempt(self.running.pop())
-                if not self.running:
-                    return False
-        self.now += result.duration_s
-        self.num_iterations += 1
-        iv.iterations += 1
-        iv.busy_s += result.duration_s
-        iv.prefill_tokens += batch.prefill_tokens
-        iv.decode_tokens += len(batch.decodes)
-        self._apply(batch)
-        return True
-
-    # ------------------------------------------------------------------ closed-form decode
-    def _decode_wake(self, until: float) -> float:
-        """When a decode-only stretch starting now must stop: ``until``, the next arrival, the
-        admission deadline of the waiting head (if ahead) or, when deadlines change the queues,
-        the next one."""
-        wake = until
-        pending = self._pending
-        if self._next_pending < len(pending):
-            arrival = pending[self._next_pending].arrival_s
-            if arrival < wake:
-                wake = arrival
-        if self.waiting:
-            # A deadline already past means _admit() ran and the head did not fit: only a
-            # completion or a preemption (both end the stretch) can change that.
-            deadline = self.waiting[0].arrival_s + self.knobs.batch_window_ms * 1e-3
-            if self.now < deadline < wake:
-                wake = deadline
-        if (not self._fcfs or self.waiting_batch) and self._deadlines:
-            # a late request or an expiring batch one changes the queues at its deadline, as
-            # the step-by-step path would see it
-            head = self._deadlines[0][0]
-            if head < wake:
-                wake = head
-        return wake
-
-    def _fast_decode(self, until: float) -> bool:
-        """Advance decode-only stretches in closed form, each up to the next event. Returns False
-        (and changes nothing) when the state does not allow one.
-
-        A stretch ends where the step-by-step loop has something to do. Where that is only a
-        completion, an arrival, a deadline or a wait for admission (nothing admitted, no block
-        short), the requests and queues are updated there as :meth:`run_until` would and the next
-        stretch starts at once from the same closed form: the run is the one :meth:`run_until`
-        makes calling this once a stretch, to the bit, without two passes over the running
-        requests per stretch. The first stretch advances the requests one by one; from the
-        second on, every stretch advances their token counts by the same number of tokens, so
-        they are brought up to date once, at the end (a completing request at its completion),
-        while their blocks are taken stretch by stretch, in the order the one-stretch path takes
-        them (so every block id is the same), from a sorted list of the iteration at which each
-        request next needs one."""
-        cost = self._decode_cost
-        running = self.running
-        if cost is None or self._num_prefilling or not running:
-            return False
-        n = len(running)
-        if n > self._max_batch_tokens:
-            return False
-        now = self.now
-        wake = self._decode_wake(until)
-        if wake <= now:
-            return False
-        bs = self.block_size
-        ctx = 0
-        k_fin = 1 << 62
-        for r in running:
-            ctx += r.num_computed_tokens + 1
-            left = r.output_tokens - r.num_output_tokens
-            if left < k_fin:
-                k_fin = left
-        # iteration i of a stretch starts at now + A*i + Bq*i*(i-1); it takes a + c*(ctx + n*i)
-        per_ctx = cost.per_ctx_token_s
-        a0 = cost.const_s + cost.per_seq_s * n
-        bq = per_ctx * n * 0.5
-        pool = self.pool
-        iv = self._interval
-        dl = self._deadlines
-        running_status = Status.RUNNING
-        # From the second stretch: (iteration at which each request next needs a block, its
-        # position in ``running``), (iteration at which it ends, position), and the iterations
-        # run since (the token counts lag by as many).
-        needs: list[tuple[int, int]] | None = None  # sorted
-        nxt: list[int] = []  # by position: the iteration of its entry in ``needs``
-        ends: list[tuple[int, int]] = []
-        done = 0
-        advanced = False
-        while True:
-            if needs is not None:
-                k_fin = ends[0][0] - done
-            a = a0 + per_ctx * ctx
-            d = wake - now
-            if bq > 0:
-                lin = a - bq
-                k_time = math.ceil((-lin + math.sqrt(lin * lin + 4.0 * bq * d)) / (2.0 * bq))
-            else:
-                k_time = math.ceil(d / a) if a > 0 else k_fin
-            if k_time < 1:
-                k_time = 1
-            while k_time > 1 and now + a * (k_time - 1) + bq * (k_time - 1) * (k_time - 2) >= wake:
-                k_time -= 1
-            while now + a * k_time + bq * k_time * (k_time - 1) < wake:
-                k_time += 1
-            k = k_fin if k_fin < k_time else k_time
-
-            # Blocks: request r needs one at iterations o_r, o_r + B, ... (o_r = held*B -
-            # computed)
-            free = pool.num_free
-            if free < n * (-(-k // bs)):
-                q, j = divmod(free, n)
-                if needs is None:
-                    offsets = sorted(len(r.block_ids) * bs - r.num_computed_tokens
-                                     for r in running)
-                    k_block = q * bs + offsets[j]
-                else:
-                    k_block = q * bs + needs[j][0] - done
-                if k_block < k:
-                    k = k_block
-            if k <= 0:
-                break
-            end = now + a * k + bq * k * (k - 1)
-            finished = False
-            if needs is None:
-                # the first stretch: every request advanced by k, with the blocks it crossed into
-                for r in running:
-                    c = r.num_computed_tokens + k
-                    r.num_computed_tokens = c
-                    r.num_output_tokens += k
-                    extra = -(-c // bs) - len(r.block_ids)
-                    if extra > 0:
-                        more = pool.allocate(extra)
-                        assert more is not None, "the stretch reserved these blocks"
-                        r.block_ids.extend(more)
-                        if r.is_batch:
-                            self._batch_blocks += extra
-                    if r.num_output_tokens == r.output_tokens:
-                        finished = True
-                self.now = end
-                if finished:  # finish after all allocations, as the step-by-step path does
-                    for r in running:
-                        if r.num_output_tokens == r.output_tokens:
-                            ctx -= r.num_computed_tokens + 1
-                            self._finish(r)
-            else:
-                top = done + k
-                if needs[0][0] < top:
-                    cut = bisect.bisect_left(needs, (top, -1))
-                    crossed = []
-                    for p, i in needs[:cut]:
-                        m = (top - 1 - p) // bs + 1
-                        p += m * bs
-                        nxt[i] = p
-                        crossed.append((i, m))
-                    del needs[:cut]
-                    for i, _ in crossed:
-                        bisect.insort(needs, (nxt[i], i))
-                    crossed.sort()
-                    # one allocation, cut as the request-by-request ones would be: each takes
-                    # the top of the free stack left by those before it
-                    got = pool.allocate(sum(m for _, m in crossed))
-                    assert got is not None, "the stretch reserved these blocks"
-                    hi = len(got)
-                    for i, m in crossed:
-                        r = running[i]
-                        r.block_ids.extend(got[hi - m:hi])
-                        hi -= m
-                        if r.is_batch:
-                            self._batch_blocks += m
-                done = top
-                self.now = end
-                if k == k_fin:  # completions, in running order, after the allocations
-                    finishing = []
-                    while ends and ends[0][0] == top:
-                        finishing.append(heapq.heappop(ends)[1])
-                    finishing.sort()
-                    for i in finishing:
-                        r = running[i]
-                        r.num_computed_tokens += top
-                        r.num_output_tokens = r.output_tokens
-                        ctx -= r.num_computed_tokens + 1
-                        self._finish(r)
-                        del needs[bisect.bisect_left(needs, (nxt[i], i))]
-                    finished = True
-            advanced = True
-            self.num_iterations += k
-            self.num_fast_stretches += 1
-            iv.iterations += k
-            iv.busy_s += end - now
-            iv.decode_tokens += n * k
-            ctx += n * k
-            if finished:
-                if needs is None:
-                    running = self.running = [r for r in running if r.status == running_status]
-                    n = len(running)
-                else:
-                    self.running = [r for r in running if r.status == running_status]
-                    n = len(self.running)
-                if not n:
-                    break
-                a0 = cost.const_s + cost.per_seq_s * n
-                bq = per_ctx * n * 0.5
-            if end >= until:
-                break
-            # what run_until does before its next stretch; a stretch follows when that admits
-            # nothing
-            if self._next_pending < len(self._pending) and \
-                    self._pending[self._next_pending].arrival_s <= end:
-                self._take_arrivals()
-            if dl and dl[0][0] <= end:
-                self._count_certain_violations()
-            if not self._admission_idle():
-                break
-            now = end
-            wake = self._decode_wake(until)
-            if wake <= now:
-                break
-            if needs is None:
-                nxt = [len(r.block_ids) * bs - r.num_computed_tokens for r in running]
-                needs = sorted(zip(nxt, range(n)))
-                ends = [(r.output_tokens - r.num_output_tokens, i) for i, r in enumerate(running)]
-                heapq.heapify(ends)
-        if not advanced:
-            return False
-        if needs is None:
-            return True
-        for r in running:
-            if r.status == running_status:
-                r.num_computed_tokens += done
-                r.num_output_tokens += done
-        return True
-
     # ------------------------------------------------------------------ driving
     def run_until(self, t: float) -> None:
         """Run iterations while ``now < t``. The last one may end after ``t`` (an iteration is not
         interrupted); when idle, time jumps to the next arrival or admission deadline."""
+        if self._decode_cost is not None:
+            self._run_closed_form(t)
+            return
         dl = self._deadlines
         while self.now < t:
             pending = self._pending
@@ -550,8 +230,6 @@ class Engine(QueuesMixin, ObservingMixin):
                 self._count_certain_violations()
             if self.waiting or self.late or self.waiting_batch:
                 self._admit()
-            if not self._num_prefilling and self.running and self._fast_decode(t):
-                continue
             if self._step():
                 continue
             # idle: nothing can run until an arrival, a window or a deadline
@@ -689,6 +367,10 @@ class Engine(QueuesMixin, ObservingMixin):
             "waiting": deque(map(cloned, self.waiting)), "late": deque(map(cloned, self.late)),
             "waiting_batch": deque(map(cloned, self.waiting_batch)),
             "_interval": self._interval.copy(), "_ended": self._ended.copy(),
+            # the decode clock's structures hold the original's requests: the copy builds its
+            # own when it first runs (the counts are exact outside run_until)
+            "_lazy": False, "_ctx": 0, "_buckets": [], "_buckets2": [], "_deferred": [],
+            "_ends": [], "_prefill_list": [],
         }
         memo.update(clones)
         state = {}
@@ -704,6 +386,8 @@ class Engine(QueuesMixin, ObservingMixin):
         clone.__dict__ = state
         clone._deadlines = [(t, i, kind, cloned(r)) for t, i, kind, r in self._deadlines
                             if r.status < Status.FINISHED]
+        for c in clones.values():
+            c.synced_at = -1
         copies = cast(list[Request], clone.requests)
         copies.extend(clones.values())
         copies.extend(pending)

@@ -110,3 +110,27 @@ class ObservingMixin(DeadlinesMixin):
         assert prefilling == self._num_prefilling, (prefilling, self._num_prefilling)
         for r in self.running:
             assert len(r.block_ids) * self.block_size >= r.num_computed_tokens
+        assert [r.order for r in self.running] == sorted(r.order for r in self.running), "order"
+        self._check_clock()
+
+    def _check_clock(self) -> None:
+        """The lazy decode clock's structures (runtime.engine.decode_clock) against the requests
+        (outside run_until every count is exact)."""
+        decodes = [r for r in self.running
+                   if r.num_output_tokens and r.num_computed_tokens == r.num_tokens - 1]
+        if not self._lazy:
+            assert all(r.synced_at == -1 for r in self.running), "registered without a clock"
+            return
+        bs = self.block_size
+        now = self._clock
+        assert all(r.synced_at == now for r in decodes), "a decode's counts lag outside the loop"
+        assert self._prefill_list == [r for r in self.running if r.synced_at < 0], "prefills"
+        assert self._ctx == sum(r.num_computed_tokens + 1 for r in decodes), "context"
+        held = {id(r): i for i, bucket in enumerate(self._buckets) for r in bucket}
+        held.update((id(r), -1) for r in self._deferred)
+        assert len(held) == len(decodes) == sum(map(len, self._buckets)) + len(self._deferred)
+        for r in decodes:
+            off = len(r.block_ids) * bs - r.num_computed_tokens
+            assert held[id(r)] == ((now + off) % bs if off < bs else -1), "block residue"
+        live = {id(r): t for t, order, r in self._ends if r.order == order and r.synced_at >= 0}
+        assert live == {id(r): now + r.output_tokens - r.num_output_tokens for r in decodes}

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import insort
 from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
 
 from runtime.engine.config import MAX_ARRIVAL_S
+from runtime.engine.decode_clock import BATCH_ORDER, DecodeClockMixin, order_of
 from runtime.engine.outcomes import OutcomesMixin
 from runtime.engine.request import RejectReason, Request, Status
 from runtime.engine.state import FINISH, FIRST_TOKEN, LATE
@@ -25,7 +27,7 @@ def _as_list(values: Sequence, kinds: str) -> Sequence:
         else values
 
 
-class QueuesMixin(OutcomesMixin):
+class QueuesMixin(DecodeClockMixin, OutcomesMixin):
     """:class:`~runtime.engine.engine.Engine`'s intake, waiting queues, admission and
     preemption."""
 
@@ -140,8 +142,12 @@ class QueuesMixin(OutcomesMixin):
     def _preempt(self, r: Request) -> None:
         """Drop ``r``'s KV and send it to the front of its queue (the caller removed it from
         ``running``)."""
-        if r.num_computed_tokens < r.num_tokens - (1 if r.num_output_tokens else 0):
+        if r.synced_at >= 0:
+            self._unregister(r)  # a decode on the lazy clock: its counts up to date first
+        elif r.num_computed_tokens < r.num_tokens - (1 if r.num_output_tokens else 0):
             self._num_prefilling -= 1
+            if self._lazy:
+                self._prefill_list.remove(r)
         self.pool.free(r.block_ids)
         r.num_computed_tokens = 0
         r.num_preemptions += 1
@@ -184,46 +190,6 @@ class QueuesMixin(OutcomesMixin):
             self._admit_from(self.waiting_batch, slots,
                              int(self.batch_share * self.pool.num_blocks) - self._batch_blocks)
 
-    def _admission_idle(self) -> bool:
-        """Whether :meth:`_admit` would change nothing now: the interactive window has not
-        expired nor its chunk filled, or no request waits, or the batch head is held back by
-        ``batch_share``, the slots or the blocks (the closed-form path runs on past such points).
-        It reads the queues, the pool and the running requests' blocks, not their token
-        counts."""
-        pool = self.pool
-        bs = self.block_size
-        running = self.running
-        n = self._num_running_batch
-        max_seqs = self.config.max_num_seqs
-        watermark = int(self.config.watermark * pool.num_blocks)
-        queue = self.waiting or self.late
-        if queue:
-            if not (self.now >= self._admission_deadline()
-                    or self._waiting_tokens >= self.knobs.prefill_chunk_tokens):
-                return True
-            # the head of the first queue admitted from: held back (then _admit returns) unless
-            # preempting batch requests makes it fit (_admit_from, _make_room_from_batch)
-            r = queue[0]
-            if -(-(r.prompt_tokens + r.output_tokens) // bs) > pool.num_blocks:
-                return False  # rejected at admission
-            need = -(-r.num_tokens // bs)
-            if not (len(running) >= max_seqs
-                    or pool.num_free - need < (watermark if running else 0)):
-                return False
-            return (not n or len(running) - n >= max_seqs or pool.num_free + self._batch_blocks
-                    - need < (watermark if len(running) > n else 0))
-        queue = self.waiting_batch
-        if not queue:
-            return True
-        r = queue[0]
-        if -(-(r.prompt_tokens + r.output_tokens) // bs) > pool.num_blocks:
-            return False  # rejected at admission
-        need = -(-r.num_tokens // bs)
-        if need > int(self.batch_share * pool.num_blocks) - self._batch_blocks and n:
-            return True
-        return (len(running) >= min(max_seqs, len(running) - n + int(self.batch_share * max_seqs))
-                or pool.num_free - need < (watermark if running else 0))
-
     def _admit_from(self, queue: deque[Request], max_seqs: int | None = None,
                     max_blocks: int | None = None) -> bool:
         """Admit requests from the front of ``queue`` while ``running`` has fewer than
@@ -261,15 +227,21 @@ class QueuesMixin(OutcomesMixin):
             r.status = Status.RUNNING
             if r.admitted_s is None:
                 r.admitted_s = self.now
+            self._admissions += 1
             if batch:
+                r.order = self._admissions + BATCH_ORDER
                 running.append(r)
                 self._num_running_batch += 1
                 self._batch_blocks += need
-            elif self._num_running_batch:
-                running.insert(len(running) - self._num_running_batch, r)
             else:
-                running.append(r)
+                r.order = self._admissions
+                if self._num_running_batch:
+                    running.insert(len(running) - self._num_running_batch, r)
+                else:
+                    running.append(r)
             self._num_prefilling += 1
+            if self._lazy:
+                insort(self._prefill_list, r, key=order_of)
         return True
 
     def _drop_waiting_tokens(self, r: Request) -> None:
@@ -296,6 +268,7 @@ class QueuesMixin(OutcomesMixin):
 
     def abort_all(self, reason: RejectReason = RejectReason.ABORTED) -> int:
         """End every request in flight (waiting, running or not yet arrived) with ``reason``."""
+        self._clock_sync(drop=True)
         n = 0
         for r in self.running:
             self.pool.free(r.block_ids)

@@ -60,7 +60,7 @@ class Request:
         "req_id", "arrival_s", "prompt_tokens", "output_tokens", "slo_class", "ttft_target_s",
         "tpot_target_s", "status", "num_computed_tokens", "num_output_tokens", "block_ids",
         "first_token_s", "finish_s", "num_preemptions", "reject_reason", "violation_counted",
-        "admitted_s", "deadline_s", "is_batch", "is_late",
+        "admitted_s", "deadline_s", "is_batch", "is_late", "order", "synced_at",
     )
 
     def __init__(self, req_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int,
@@ -88,6 +88,13 @@ class Request:
         self.is_batch = deadline_s is not None
         self.deadline_s = arrival_s + deadline_s if deadline_s is not None else math.inf
         self.is_late = False  # moved behind the on-time requests (admission late_to_back)
+        # Its place in the engine's running order, set at each admission: the admission's
+        # sequence number, batch requests after every interactive one.
+        self.order = 0
+        # While it decodes under the engine's lazy decode clock: the clock's value when its
+        # token counts were last brought up to date (they lag the clock by the difference);
+        # -1 when its counts are exact (see runtime.engine.closed_form).
+        self.synced_at = -1
 
     clone = slot_copier(__slots__, own=("block_ids",))
     """An independent copy (its own block table), for forking an engine: written out from

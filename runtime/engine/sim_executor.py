@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 from runtime.engine.executor import GIB, Batch, DecodeCost, IterationResult
-from runtime.engine.profile import Profile
+from runtime.engine.profile import CostModel, Profile
 
 
 class SimulatedExecutor:
@@ -44,3 +44,11 @@ class SimulatedExecutor:
 
     def decode_cost(self) -> DecodeCost:
         return self._cost.as_decode_cost()
+
+    def closed_form(self) -> CostModel | None:
+        """The cost model every iteration's time is, when :meth:`execute` is this class's own
+        (a subclass that overrides it, to count or change iterations, gets None): then the
+        engine may time an iteration from its batch's aggregates, term by term as
+        :meth:`CostModel.iteration_s`, with the same out-of-memory test, without building the
+        batch (:mod:`runtime.engine.closed_form`)."""
+        return self._cost if type(self).execute is SimulatedExecutor.execute else None

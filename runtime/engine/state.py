@@ -12,6 +12,7 @@ from runtime.engine.config import EngineConfig
 from runtime.engine.cotenant import CoTenantDemand
 from runtime.engine.executor import DecodeCost, Executor, MemoryModel
 from runtime.engine.metrics import IntervalStats, SummaryAccumulator
+from runtime.engine.profile import CostModel
 from runtime.engine.request import Request
 from runtime.knobs import Knobs
 
@@ -45,6 +46,18 @@ class EngineState:
     _num_running_batch: int
     _batch_blocks: int
     _num_prefilling: int
+    _admissions: int
+    _lazy: bool
+    _clock: int
+    _ctx: int
+    _buckets: list[list[Request]]
+    _buckets2: list[list[Request]]
+    _deferred: list[Request]
+    _ends: list[tuple[int, int, Request]]
+    _prefill_list: list[Request]
+    _iteration_cost: CostModel | None
+    _fit_ratio: float
+    _fit_bytes: int
     _policy: AdmissionPolicy
     _slack: float
     _fcfs: bool
