@@ -15,6 +15,7 @@ RAY_STAMP := $(VENV)/.installed-ray
 VLLM_VENV ?= .venv-vllm
 VPY := $(VLLM_VENV)/bin/python
 VSTAMP := $(VLLM_VENV)/.installed
+RUNTIME_PASSED := .pytest_cache/runtime-passed.txt
 VLLM_TEST_DEPS := "pytest>=8" "pytest-timeout>=2.3" "gymnasium>=1.0"
 
 .PHONY: train test test-runtime test-vllm typecheck replay evaluate serve bench lint clean
@@ -51,15 +52,19 @@ $(RAY_STAMP): $(STAMP)
 train: $(STAMP)
 	$(PY) train.py --preset default
 
+# the full run leaves out the tests that passed in the runtime-only run just before it (the same
+# checkout; tests/conftest.py): the runtime's tests run once, where they also show that the
+# runtime needs nothing more, and the full run takes the rest
 test: $(RAY_STAMP) typecheck test-runtime test-vllm
-	$(PY) -m pytest -q
+	BATCHPILOT_TESTS_PASSED_IN=$(RUNTIME_PASSED) $(PY) -m pytest -q --durations=15
 
 # the tests on a real vLLM engine (CPU, a tiny dummy-weight model), in vLLM's own venv
 test-vllm: $(VSTAMP)
 	$(VPY) -m pytest -q tests/vllm
 
 test-runtime: $(RSTAMP)
-	$(RPY) -m pytest -q -m "not slow"
+	rm -f $(RUNTIME_PASSED)
+	BATCHPILOT_TESTS_PASSED_OUT=$(RUNTIME_PASSED) $(RPY) -m pytest -q -m "not slow"
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

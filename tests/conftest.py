@@ -3,13 +3,15 @@ runtime's tests need no torch) and observations. Engine factories live in
 ``tests/engine_factory.py``.
 
 On a runtime-only install (``.[cpu,dev]``, no ``train`` extra) the test modules that import the
-training stack at their top are not collected; ``make test`` runs the suite both ways.
+training stack at their top are not collected. ``make test`` runs the suite both ways: first on
+the runtime-only install, then on the full one, which leaves out what passed in the first run.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -58,15 +60,75 @@ def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
     return None
 
 
+PASSED_OUT = "BATCHPILOT_TESTS_PASSED_OUT"
+"""a file to which the run writes the ids of the tests that passed (``make test`` sets it for the
+runtime-only run)"""
+PASSED_IN = "BATCHPILOT_TESTS_PASSED_IN"
+"""a file of test ids that passed in another environment of the same checkout: the run deselects
+them (``make test`` sets it for the full run to the runtime-only run's file, so that the
+runtime's tests run once, where they also show that the runtime needs nothing more)"""
+
+
+def _passed_in(config) -> set[str]:
+    path = os.environ.get(PASSED_IN)
+    if not path:
+        return set()
+    file = Path(path)
+    if not file.is_file():
+        raise pytest.UsageError(f"{PASSED_IN}={path}: no such file (it is written by the "
+                                f"runtime-only run, `make test-runtime`)")
+    return set(file.read_text().split("\n")) - {""}
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """On a runtime-only install, skip the tests marked ``training_stack`` (they run a script or
-    import a module that needs it at run time, which the collection filter above cannot see)."""
+    """Deselect the tests that passed in the runtime-only run (:data:`PASSED_IN`); on a
+    runtime-only install, skip the tests marked ``training_stack`` (they run a script or import
+    a module that needs it at run time, which the collection filter above cannot see)."""
+    passed = _passed_in(config)
+    if passed:
+        keep = [item for item in items if item.nodeid not in passed]
+        gone = [item for item in items if item.nodeid in passed]
+        if gone:
+            config.hook.pytest_deselected(items=gone)
+            items[:] = keep
+            config.stash[_DESELECTED] = len(gone)
     if HAS_TRAINING_STACK:
         return
     skip = pytest.mark.skip(reason="needs the training stack (the train extra)")
     for item in items:
         if item.get_closest_marker("training_stack") is not None:
             item.add_marker(skip)
+
+
+_DESELECTED = pytest.StashKey[int]()
+_passed: list[str] = []
+"""the ids of the tests that passed in this run, for :data:`PASSED_OUT`"""
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.when == "call" and report.passed:
+        _passed.append(report.nodeid)
+    elif report.when == "teardown" and report.failed and report.nodeid in _passed:
+        _passed.remove(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    out = os.environ.get(PASSED_OUT)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text("".join(f"{n}\n" for n in _passed))
+
+
+def pytest_report_header(config) -> str | None:
+    path = os.environ.get(PASSED_IN)
+    return f"deselecting the tests that passed in the runtime-only run ({path})" if path else None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    n = config.stash.get(_DESELECTED, 0)
+    if n:
+        terminalreporter.write_line(f"{n} tests deselected: they passed in the runtime-only run "
+                                    f"({os.environ.get(PASSED_IN)})")
 
 
 def raw_fields(knobs: Knobs = DEFAULT_KNOBS, **overrides: float) -> dict[str, float]:
