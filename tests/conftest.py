@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 from pathlib import Path
 
 import numpy as np
@@ -60,22 +59,31 @@ def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
     return None
 
 
-PASSED_OUT = "BATCHPILOT_TESTS_PASSED_OUT"
-"""a file to which the run writes the ids of the tests that passed (``make test`` sets it for the
+PASSED_OUT = "--passed-out"
+"""a file to which the run writes the ids of the tests that passed (``make test`` gives it to the
 runtime-only run)"""
-PASSED_IN = "BATCHPILOT_TESTS_PASSED_IN"
+PASSED_IN = "--deselect-passed"
 """a file of test ids that passed in another environment of the same checkout: the run deselects
-them (``make test`` sets it for the full run to the runtime-only run's file, so that the
-runtime's tests run once, where they also show that the runtime needs nothing more)"""
+them (``make test`` gives the full run the runtime-only run's file, so that the runtime's tests
+run once, where they also show that the runtime needs nothing more)"""
+
+
+PASSED_OUT_HELP = "write the ids of the tests that pass to FILE"
+PASSED_IN_HELP = "deselect the tests whose ids FILE lists (written by --passed-out)"
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption(PASSED_OUT, metavar="FILE", help=PASSED_OUT_HELP)
+    parser.addoption(PASSED_IN, metavar="FILE", help=PASSED_IN_HELP)
 
 
 def _passed_in(config) -> set[str]:
-    path = os.environ.get(PASSED_IN)
+    path = config.getoption(PASSED_IN)
     if not path:
         return set()
     file = Path(path)
     if not file.is_file():
-        raise pytest.UsageError(f"{PASSED_IN}={path}: no such file (it is written by the "
+        raise pytest.UsageError(f"{PASSED_IN} {path}: no such file (it is written by the "
                                 f"runtime-only run, `make test-runtime`)")
     return set(file.read_text().split("\n")) - {""}
 
@@ -113,14 +121,14 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    out = os.environ.get(PASSED_OUT)
+    out = session.config.getoption(PASSED_OUT)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text("".join(f"{n}\n" for n in _passed))
 
 
 def pytest_report_header(config) -> str | None:
-    path = os.environ.get(PASSED_IN)
+    path = config.getoption(PASSED_IN)
     return f"deselecting the tests that passed in the runtime-only run ({path})" if path else None
 
 
@@ -128,7 +136,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     n = config.stash.get(_DESELECTED, 0)
     if n:
         terminalreporter.write_line(f"{n} tests deselected: they passed in the runtime-only run "
-                                    f"({os.environ.get(PASSED_IN)})")
+                                    f"({config.getoption(PASSED_IN)})")
 
 
 def raw_fields(knobs: Knobs = DEFAULT_KNOBS, **overrides: float) -> dict[str, float]:
