@@ -56,7 +56,7 @@ train: $(STAMP)
 # checkout; tests/conftest.py): the runtime's tests run once, where they also show that the
 # runtime needs nothing more, and the full run takes the rest
 test: $(RAY_STAMP) typecheck test-runtime test-vllm
-	$(PY) -m pytest -q --durations=15 --deselect-passed $(RUNTIME_PASSED)
+	$(PY) -m pytest -q --durations=15 --deselect-passed=$(RUNTIME_PASSED)
 
 # the tests on a real vLLM engine (CPU, a tiny dummy-weight model), in vLLM's own venv
 test-vllm: $(VSTAMP)
@@ -64,7 +64,7 @@ test-vllm: $(VSTAMP)
 
 test-runtime: $(RSTAMP)
 	rm -f $(RUNTIME_PASSED)
-	$(RPY) -m pytest -q -m "not slow" --passed-out $(RUNTIME_PASSED)
+	$(RPY) -m pytest -q -m "not slow" --passed-out=$(RUNTIME_PASSED)
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
