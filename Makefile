@@ -16,6 +16,7 @@ VLLM_VENV ?= .venv-vllm
 VPY := $(VLLM_VENV)/bin/python
 VSTAMP := $(VLLM_VENV)/.installed
 RUNTIME_PASSED := .pytest_cache/runtime-passed.txt
+VLLM_LOG := .pytest_cache/vllm-tests.log
 VLLM_TEST_DEPS := "pytest>=8" "pytest-timeout>=2.3" "gymnasium>=1.0"
 
 .PHONY: train test test-runtime test-vllm typecheck replay evaluate serve bench lint clean
@@ -52,11 +53,18 @@ $(RAY_STAMP): $(STAMP)
 train: $(STAMP)
 	$(PY) train.py --preset default
 
-# the full run leaves out the tests that passed in the runtime-only run just before it (the same
+# The full run leaves out the tests that passed in the runtime-only run just before it (the same
 # checkout; tests/conftest.py): the runtime's tests run once, where they also show that the
-# runtime needs nothing more, and the full run takes the rest
-test: $(RAY_STAMP) typecheck test-runtime test-vllm
-	$(PY) -m pytest -q --durations=15 --deselect-passed=$(RUNTIME_PASSED)
+# runtime needs nothing more, and the full run takes the rest. The vLLM tests run beside it, in
+# their own venv (most of their time is vLLM starting up); their output follows the full run's,
+# and the target fails if either fails.
+test: $(RAY_STAMP) $(VSTAMP) typecheck test-runtime
+	@mkdir -p .pytest_cache && rm -f $(VLLM_LOG)
+	@echo "the vLLM tests run beside these, in $(VLLM_VENV); their output follows"
+	@$(VPY) -m pytest -q tests/vllm > $(VLLM_LOG) 2>&1 & vllm=$$!; \
+	$(PY) -m pytest -q --durations=15 --deselect-passed=$(RUNTIME_PASSED); rest=$$?; \
+	wait $$vllm; vrc=$$?; echo "--- the vLLM tests, in $(VLLM_VENV) (exit $$vrc):"; \
+	cat $(VLLM_LOG); test $$rest -eq 0 && test $$vrc -eq 0
 
 # the tests on a real vLLM engine (CPU, a tiny dummy-weight model), in vLLM's own venv
 test-vllm: $(VSTAMP)
