@@ -537,3 +537,27 @@ def test_an_unknown_field_is_refused_naming_it_and_a_missing_required_one_too(cl
     assert r.status_code == 422
     assert r.json()["detail"] == [{"loc": ["body", "observations", 1, "slo_attainment"],
                                    "type": "missing", "msg": "Field required"}]
+
+
+def test_a_refused_reload_is_refused_by_the_batch_worker_without_reading_the_file_here(
+        client, policy_dir, monkeypatch):
+    loads_here = []
+    real_reload = GuardedDecider.reload
+
+    def reload_here(self, path):
+        loads_here.append(Path(path).name)
+        return real_reload(self, path)
+
+    monkeypatch.setattr(GuardedDecider, "reload", reload_here)
+    (policy_dir / "corrupt.onnx").write_bytes(b"\x08\x07:" + b"\0" * 4096)
+    r = client.post("/v1/policy/reload", json={"name": "corrupt.onnx"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"]["reason"] == "model corrupt"
+    assert r.json()["detail"]["kept_policy_version"] == "test-1"
+    assert "corrupt.onnx" in r.json()["detail"]["message"] and str(policy_dir) not in r.text
+    info = client.get("/v1/policy").json()
+    assert info["num_failed_reloads"] == 1 and "model corrupt" in info["last_error"]
+    assert 'batchpilot_reloads_total{outcome="model corrupt"} 1.0' in client.get("/metrics").text
+    assert loads_here == []  # the worker refused it: never read in the server's process
+    r = client.post("/v1/policy/reload", json={"name": "policy-v2.onnx"}, headers=AUTH)
+    assert r.status_code == 200 and loads_here == ["policy-v2.onnx"]  # checked, then loaded here
+    assert client.post("/v1/decide", json=raw_fields()).json()["policy_version"] == "test-2"

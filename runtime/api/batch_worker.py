@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import os
 import pickle
 import queue
@@ -166,6 +167,26 @@ class BatchWorker:
             job = next(self._ids)
             gen.pending[job] = future
             gen.outbox.put(_frame(("batch", job, key, client, circuit_open), body))
+        return future
+
+    def check_policy(self, client: str, path: str, max_bytes: int) -> Future:
+        """Have the worker load the policy at ``path`` as a reload would and drop it: the future
+        resolves to a :class:`BatchAnswer` whose status is 200 (it loads) or 422 with the
+        refusal's ``reason`` and ``message`` as its JSON body, or fails with
+        :class:`WorkerUnavailable`.
+        A reload checks its file here first, so that refusing a file (reading it, onnxruntime
+        parsing it: tens of milliseconds of CPU) costs the worker's lower-priority CPU, queued
+        fairly with the batches, and never the event loop's."""
+        future: Future = Future()
+        with self._lock:
+            try:
+                gen = self._generation()
+            except OSError as e:
+                future.set_exception(WorkerUnavailable(f"the batch worker cannot start: {e}"))
+                return future
+            job = next(self._ids)
+            gen.pending[job] = future
+            gen.outbox.put(_frame(("check", job, client, path, max_bytes)))
         return future
 
     def _send_loop(self, gen: _Generation) -> None:
@@ -311,6 +332,19 @@ def _job(body: bytes, decider: GuardedDecider | None,
     return (yield from batch_stages(body, decider, circuit_open))
 
 
+def _check(path: str, max_bytes: int) -> Generator[None, None, BatchAnswer]:
+    """One policy check (:meth:`BatchWorker.check_policy`), a single stage."""
+    from runtime.decider.onnx_policy import OnnxPolicy, PolicyLoadError
+
+    try:
+        OnnxPolicy.load(path, max_bytes)
+    except PolicyLoadError as e:
+        return BatchAnswer(422, json.dumps({"reason": e.reason, "message": e.message}).encode(),
+                           None)
+    return BatchAnswer(200, b"", None)
+    yield  # a generator, like the batches' jobs
+
+
 def _serve(sock: socket.socket) -> None:
     """Answer the server's frames until it closes its end. Jobs wait per client; each turn runs
     one stage of the job of the client that has had the least of the worker's time since it
@@ -341,12 +375,17 @@ def _serve(sock: socket.socket) -> None:
             elif meta[0] == "ping":
                 head, _ = _frame((meta[1], 200, None))
                 sock.sendall(head)
-            elif meta[0] == "batch":
-                _, job, key, client, circuit_open = meta
+            elif meta[0] in ("batch", "check"):
+                if meta[0] == "batch":
+                    _, job, key, client, circuit_open = meta
+                    steps = _job(payload, deciders.get(key), circuit_open)
+                else:
+                    _, job, client, path, max_bytes = meta
+                    steps = _check(path, max_bytes)
                 if client not in queues:
                     queues[client] = deque()
                     served[client] = min(served.values(), default=0.0)
-                queues[client].append((job, _job(payload, deciders.get(key), circuit_open)))
+                queues[client].append((job, steps))
         client = min(served, key=served.__getitem__)
         jobs = queues[client]
         job, steps = jobs[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from runtime.api.batch_worker import WorkerUnavailable
 from runtime.api.deps import ReloadAuth, ServicesDep
 from runtime.api.parsing import MAX_ERRORS_SHOWN
 from runtime.api.schemas import PolicyOut, ReloadRequest
@@ -65,6 +68,28 @@ def _refused(services, outcome: str, message: str) -> None:
     services.decider.refuse_reload(message)
 
 
+async def _checked_in_worker(services, request: Request, path: Path) -> None:
+    """Have the batch worker, where the server has one, load the file first: a file it refuses
+    is refused without being read in this process (raises :class:`PolicyLoadError`, counted
+    as :meth:`GuardedDecider.reload` counts one). A worker that cannot answer checks nothing:
+    the reload then reads the file here, as it would without a worker."""
+    worker = services.worker
+    if worker is None:
+        return
+    client = request.client
+    future = worker.check_policy(f"reload:{client.host}:{client.port}" if client else "reload",
+                                 str(path), services.decider.max_policy_bytes)
+    try:
+        answer = await asyncio.wrap_future(future)
+    except WorkerUnavailable:
+        return
+    if answer.status == 422:
+        refusal = json.loads(answer.body)
+        error = PolicyLoadError(refusal["reason"], refusal["message"], path)
+        services.decider.refuse_reload(str(error))
+        raise error
+
+
 @router.post("/reload", response_model=PolicyOut,
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                  "schema": {"$ref": "#/components/schemas/ReloadRequest"}}}}},
@@ -101,6 +126,7 @@ async def reload_policy(request: Request, _auth: ReloadAuth, services: ServicesD
         _refused(services, OUTSIDE_FOLDER, f"reload refused: {e}")
         raise HTTPException(400, str(e)) from None
     try:
+        await _checked_in_worker(services, request, path)
         # loading takes tens of milliseconds: in the thread pool, off the event loop
         await run_in_threadpool(decider.reload, path)
     except PolicyLoadError as e:  # counted by the decider
