@@ -32,7 +32,8 @@ probing the server:
 Every count is bounded: the clients, the open connections, the run's duration. ``--pin`` puts
 the server's event loop and the good clients on the first CPU and the hostile clients on the
 last (where the machine has two or more), so that the hostile clients' own CPU competes with
-neither, as if they ran elsewhere (the batch worker keeps every CPU). Reports the
+neither, as if they ran elsewhere (the batch worker keeps every CPU; ``--pin-worker`` puts it
+beside the hostile clients, as on a machine with a core to spare for it). Reports the
 good clients' decision latency (p50, p99) without and with the hostile clients and their ratio
 (per attack with ``--each``, with the spread over rounds), every good answer that was not a 200
 (5xx counted apart), the hostile answers by status, and the server's resident memory (its
@@ -355,7 +356,7 @@ def _policy_folder(folder: Path) -> None:
 def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostile: int,
          max_open: int, attacks: tuple[str, ...] = ATTACKS, each: bool = False,
          good_rate: float = 100.0, silent: int = 260, pin: bool = False,
-         rounds: int = 1, repo: Path = REPO) -> dict:
+         rounds: int = 1, repo: Path = REPO, pin_worker: bool = False) -> dict:
     if each:  # every attack its rounds, each between two segments without hostile clients
         duration_s = max(duration_s, each_duration(warmup_s, segment_s, len(attacks), rounds))
     port = free_port()
@@ -380,6 +381,9 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
         _wait_healthy(port, server)
         if server_cpus:  # the event loop's thread (the main one); the worker keeps every CPU
             os.sched_setaffinity(server.pid, server_cpus)
+            if pin_worker:  # unless it goes beside the hostile clients
+                for child in children(server.pid):
+                    os.sched_setaffinity(child, hostile_cpus)
         segment = mp.Value("i", -1)
         active = mp.Value("i", -1)
         stop, out = mp.Event(), mp.Queue()
@@ -431,7 +435,9 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
             "segment_s": segment_s,
             "good_clients": good, "hostile_clients": hostile, "good_rate": good_rate,
             "pinned": ({"server_loop_and_good_clients": sorted(server_cpus or ()),
-                        "hostile_clients": sorted(hostile_cpus or ())} if pinned else None),
+                        "hostile_clients": sorted(hostile_cpus or ()),
+                        "batch_worker": sorted(hostile_cpus or ()) if pin_worker else "any"}
+                       if pinned else None),
             "machine": {"cpus": len(cpus), "load_avg_1m_start": load_start,
                         "load_avg_1m_end": os.getloadavg()[0]},
             **report, "attacks": list(attacks), "each": each,
@@ -447,6 +453,17 @@ def each_duration(warmup_s: float, segment_s: float, num_attacks: int, rounds: i
 def _tail(log) -> str:
     log.seek(0)
     return log.read().decode(errors="replace")[-2000:]
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (its batch worker), from /proc."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
 
 
 def _wait_healthy(port: int, server: subprocess.Popen, timeout_s: float = 90.0) -> None:
@@ -567,6 +584,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin", action="store_true",
                     help="the server's event loop and the good clients on the first CPU, the "
                          "hostile clients on the last")
+    ap.add_argument("--pin-worker", action="store_true",
+                    help="with --pin, the server's batch worker on the hostile clients' CPU (as "
+                         "on a machine with a core to spare for it; by default it keeps every "
+                         "CPU, and on two it takes the loop's when the hostile clients fill "
+                         "theirs)")
     ap.add_argument("--repo", type=Path, default=REPO,
                     help="the checkout whose server is soaked (this one; another commit's "
                          "worktree to compare)")
@@ -596,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     r = soak(duration, args.warmup_s, args.segment_s, args.good_clients, args.hostile_clients,
              args.max_open, attacks, args.each, args.good_rate, args.silent, args.pin,
-             args.rounds, args.repo.resolve())
+             args.rounds, args.repo.resolve(), args.pin_worker)
     if args.json:
         print(json.dumps(r))
         return 0

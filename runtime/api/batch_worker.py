@@ -152,6 +152,22 @@ class BatchWorker:
         """Queue ``body`` for the worker; the future resolves to its :class:`BatchAnswer`, or
         fails with :class:`WorkerUnavailable`."""
         key, spec = decider_spec(decider)
+        return self._enqueue(lambda job: _frame(("batch", job, key, client, circuit_open), body),
+                             (key, spec))
+
+    def check_policy(self, client: str, path: str, max_bytes: int) -> Future:
+        """Have the worker load the policy at ``path`` as a reload would and drop it: the future
+        resolves to a :class:`BatchAnswer` whose status is 200 (it loads) or 422 with the
+        refusal's ``reason`` and ``message`` as its JSON body, or fails with
+        :class:`WorkerUnavailable`. A reload checks its file here first, so that refusing a file
+        (reading it, onnxruntime parsing it: tens of milliseconds of CPU) costs the worker's
+        lower-priority CPU, queued fairly with the batches, and never the event loop's."""
+        return self._enqueue(lambda job: _frame(("check", job, client, path, max_bytes)))
+
+    def _enqueue(self, frame: Callable[[int], tuple[bytes, bytes]],
+                 decider: tuple[tuple, Callable[[], dict]] | None = None) -> Future:
+        """Send the frame ``frame(job)`` makes, preceded by the decider's copy (``(key, spec)``)
+        when the worker does not hold it yet; the future resolves to the job's answer."""
         future: Future = Future()
         with self._lock:
             try:
@@ -159,34 +175,15 @@ class BatchWorker:
             except OSError as e:
                 future.set_exception(WorkerUnavailable(f"the batch worker cannot start: {e}"))
                 return future
-            if key not in gen.specs:
+            if decider is not None and decider[0] not in gen.specs:
+                key, spec = decider
                 gen.specs[key] = None
                 while len(gen.specs) > MAX_DECIDERS:
                     gen.specs.popitem(last=False)
                 gen.outbox.put(_frame(("decider", key, spec())))
             job = next(self._ids)
             gen.pending[job] = future
-            gen.outbox.put(_frame(("batch", job, key, client, circuit_open), body))
-        return future
-
-    def check_policy(self, client: str, path: str, max_bytes: int) -> Future:
-        """Have the worker load the policy at ``path`` as a reload would and drop it: the future
-        resolves to a :class:`BatchAnswer` whose status is 200 (it loads) or 422 with the
-        refusal's ``reason`` and ``message`` as its JSON body, or fails with
-        :class:`WorkerUnavailable`.
-        A reload checks its file here first, so that refusing a file (reading it, onnxruntime
-        parsing it: tens of milliseconds of CPU) costs the worker's lower-priority CPU, queued
-        fairly with the batches, and never the event loop's."""
-        future: Future = Future()
-        with self._lock:
-            try:
-                gen = self._generation()
-            except OSError as e:
-                future.set_exception(WorkerUnavailable(f"the batch worker cannot start: {e}"))
-                return future
-            job = next(self._ids)
-            gen.pending[job] = future
-            gen.outbox.put(_frame(("check", job, client, path, max_bytes)))
+            gen.outbox.put(frame(job))
         return future
 
     def _send_loop(self, gen: _Generation) -> None:
