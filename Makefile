@@ -18,6 +18,7 @@ VSTAMP := $(VLLM_VENV)/.installed
 RUNTIME_PASSED := .pytest_cache/runtime-passed.txt
 VLLM_LOG := .pytest_cache/vllm-tests.log
 VLLM_TEST_DEPS := "pytest>=8" "pytest-timeout>=2.3" "gymnasium>=1.0"
+VLLM_TESTS := $(VPY) -m pytest -q tests/vllm
 
 .PHONY: train test test-runtime test-vllm typecheck replay evaluate serve bench lint clean
 
@@ -61,14 +62,14 @@ train: $(STAMP)
 test: $(RAY_STAMP) $(VSTAMP) typecheck test-runtime
 	@mkdir -p .pytest_cache && rm -f $(VLLM_LOG)
 	@echo "the vLLM tests run beside these, in $(VLLM_VENV); their output follows"
-	@$(VPY) -m pytest -q tests/vllm > $(VLLM_LOG) 2>&1 & vllm=$$!; \
+	@$(VLLM_TESTS) > $(VLLM_LOG) 2>&1 & vllm=$$!; \
 	$(PY) -m pytest -q --durations=15 --deselect-passed=$(RUNTIME_PASSED); rest=$$?; \
 	wait $$vllm; vrc=$$?; echo "--- the vLLM tests, in $(VLLM_VENV) (exit $$vrc):"; \
 	cat $(VLLM_LOG); test $$rest -eq 0 && test $$vrc -eq 0
 
 # the tests on a real vLLM engine (CPU, a tiny dummy-weight model), in vLLM's own venv
 test-vllm: $(VSTAMP)
-	$(VPY) -m pytest -q tests/vllm
+	$(VLLM_TESTS)
 
 test-runtime: $(RSTAMP)
 	rm -f $(RUNTIME_PASSED)
