@@ -26,8 +26,8 @@ from tests.conftest import FIXTURES, raw_fields
 _RESPONSE = TypeAdapter(BatchResponse)
 DEFAULTS = defaults_for(DEFAULT_KNOBS)
 OPTIONAL = [n for n in OBSERVATION_NAMES if n not in REQUIRED_NAMES]
-BAD_VALUES = [True, None, "1", -1.0, 2.0, float("nan"), float("inf"), [1], {"a": 1}, 10**400,
-              1e400]
+BAD_VALUES = [True, None, "1", "1:", -1.0, 2.0, float("nan"), float("inf"), [1], {"a": 1},
+              10**400, 1e400]
 
 
 def reference(rows: list) -> np.ndarray | list:
@@ -98,6 +98,23 @@ def test_the_array_path_answers_as_pydantic_does(seed, sliced, monkeypatch):
     else:
         assert isinstance(got, np.ndarray), got[:2]
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("strings", [["5:"], ["12", "a::"], ["12", ["1::"]]])
+def test_string_values_that_keep_the_quote_count_are_refused_as_pydantic_refuses_them(strings):
+    """Two quotes a ``:`` is what a body quoting its keys only has, and it sends the values
+    straight into the array; string values that keep that count (each holds a ``:``, or another
+    value makes up for it) are still refused, with pydantic's errors (a small body: a large one
+    is refused unparsed, its commas short of its ``:``)."""
+    rng = np.random.default_rng(0)
+    rows = random_rows(rng, 5, bad=0)
+    for i, value in enumerate(strings):
+        rows[3 + i]["running_requests"] = value
+    body = json.dumps({"observations": rows}).encode()
+    assert parsing._quotes_are_keys(parsing._byte_counts(body, parsing._COUNTED))
+    with pytest.raises(BodyErrors) as refused:
+        parse_batch(body, DEFAULTS)
+    assert refused.value.errors == reference(rows)
 
 
 def _decider(policy: str = "policy") -> GuardedDecider:

@@ -12,12 +12,16 @@ unknown keys took 2.1 s. Here:
    first errors only when it is small (:data:`PARSE_INVALID_BYTES`, and still refused when
    parsing names none, as a body with a key given twice would be); a larger one gets one error
    saying what is wrong with it.
-2. Otherwise the body is parsed once (pydantic-core's JSON parser). A field given twice is
-   refused at every size: the parser keeps the last value, so the keys it kept are counted
+2. Otherwise the body is parsed once, by orjson (twice as fast as pydantic-core's parser on a
+   256-row batch, and stricter: no ``NaN``, no number past a double's range); a body orjson
+   refuses is parsed again by pydantic-core, whose errors (and whose ``NaN``, refused later as
+   not finite) are what a client sees, so that the two parsers answer alike. A field given twice
+   is refused at every size: both parsers keep the last value, so the keys kept are counted
    against the ``:`` of the body.
 3. A batch's rows go into one float64 array in one pass (the field names of each row checked as
    a set, the optional fields filled in), and the values are checked on the array: numbers only
-   (no string, boolean or null), finite, within :func:`runtime.api.schemas.field_bounds`. A
+   (no string, boolean or null: a body whose quotes are all its keys' holds no string, and its
+   letters tell a boolean), finite, within :func:`runtime.api.schemas.field_bounds`. A
    body that passes is never shown to pydantic. Any row that fails, and only then, sends the
    rows from its chunk on to pydantic's validation (:data:`VALIDATE_ROWS` at a time, stopping at
    the first chunk with errors), so a 422 says exactly what the schema says, lists at most
@@ -30,6 +34,7 @@ back): this module does not import FastAPI, so the batch worker process can use 
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 from collections import Counter
 from collections.abc import Generator
@@ -37,6 +42,7 @@ from operator import itemgetter
 from typing import Any
 
 import numpy as np
+import orjson
 import pydantic_core
 from pydantic import TypeAdapter, ValidationError
 
@@ -163,12 +169,25 @@ def _refuse_what_cannot_be_valid(body: bytes, envelope: int) -> tuple[dict[int, 
     return counts, problem
 
 
+def _quotes_are_keys(counts: dict[int, int]) -> bool:
+    """Whether a body has two quotes for each ``:``, as one that quotes its keys only does. A
+    string value that keeps the count must hold a ``:`` itself, and no ``float()`` parses that:
+    a row whose values :func:`_rows_fast` can put into its array holds no string."""
+    return counts[ord('"')] == 2 * counts[ord(":")]
+
+
 def _shape_error(problem: str, envelope: int) -> BodyErrors:
     what = "observations" if envelope else "an observation"
     return _one_error((), f"cannot be {what}: {problem}", "invalid_shape")
 
 
 def _parse(body: bytes) -> Any:
+    """``body`` parsed (see the module docstring, step 2: orjson, then pydantic-core for what
+    orjson refuses); a one-error 422 naming pydantic-core's reason when neither parses it."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
     try:
         return pydantic_core.from_json(body)
     except ValueError as e:
@@ -261,11 +280,15 @@ def _is_number(v: Any) -> bool:
     return (type(v) is float or type(v) is int) and -2**63 <= v < 2**63
 
 
-def _rows_fast(rows: list, defaults: dict[str, float]) -> tuple[np.ndarray, int, int] | None:
+def _rows_fast(rows: list, defaults: dict[str, float],
+               numbers_only: bool = False) -> tuple[np.ndarray, int, int] | None:
     """The rows as raw values ``[n, OBS_DIM]`` when every row is an object of known fields with
     the required ones, and every value a finite number within its bounds (then also the count of
     the letters ``u`` and ``l`` in their keys, to check against the body's: a boolean value
-    passes the array's checks as 1 or 0); None otherwise (:func:`_rows_array` names what)."""
+    passes the array's checks as 1 or 0); None otherwise (:func:`_rows_array` names what).
+    ``numbers_only``: the body's quotes are its keys' (:func:`_quotes_are_keys`), so the values
+    go straight into the array (``np.fromiter``: twice as fast as building it from the rows'
+    tuples, but it would take a string of digits for a number)."""
     n = len(rows)
     try:
         full = sum(map(len, rows)) == n * OBS_DIM
@@ -294,13 +317,20 @@ def _rows_fast(rows: list, defaults: dict[str, float]) -> tuple[np.ndarray, int,
                 letters_l += ll
     if n == 0:
         return np.empty((0, OBS_DIM)), 0, 0
-    try:
-        x = np.array(tuples)
-    except (OverflowError, ValueError):
-        return None
-    if x.dtype.kind not in "fi" or x.shape != (n, OBS_DIM):
-        return None
-    x = x.astype(np.float64, copy=False)
+    if numbers_only:
+        try:  # a null, or an integer past a double's range, refuses
+            x = np.fromiter(itertools.chain.from_iterable(tuples), np.float64,
+                            n * OBS_DIM).reshape(n, OBS_DIM)
+        except (OverflowError, TypeError, ValueError):
+            return None
+    else:
+        try:
+            x = np.array(tuples)
+        except (OverflowError, ValueError):
+            return None
+        if x.dtype.kind not in "fi" or x.shape != (n, OBS_DIM):
+            return None
+        x = x.astype(np.float64, copy=False)
     if not (np.isfinite(x) & (x >= _LOW) & (x <= _HIGH)).all():
         return None
     return x, letters_u, letters_l
@@ -313,11 +343,12 @@ def _letters_agree(counts: dict[int, int], letters_u: int, letters_l: int) -> bo
             == letters_l + _ENVELOPE_LETTERS[1])
 
 
-def _rows_array(rows: list, defaults: dict[str, float], counts: dict[int, int]) -> np.ndarray:
+def _rows_array(rows: list, defaults: dict[str, float], counts: dict[int, int],
+                numbers_only: bool) -> np.ndarray:
     """The rows as raw values ``[n, OBS_DIM]`` in :data:`OBSERVATION_NAMES` order, the optional
     fields filled from ``defaults``; :class:`BodyErrors` as pydantic's validation would raise
-    them (see the module docstring, step 3)."""
-    fast = _rows_fast(rows, defaults)
+    them (see the module docstring, step 3). ``numbers_only``: see :func:`_rows_fast`."""
+    fast = _rows_fast(rows, defaults, numbers_only)
     if fast is not None and _letters_agree(counts, fast[1], fast[2]):
         return fast[0]
     return _rows_by_pydantic(rows, defaults)
@@ -420,8 +451,8 @@ def batch_rows_stages(body: bytes, defaults: dict[str, float]
         rows = []
         for piece in slices:
             try:
-                rows.extend(pydantic_core.from_json(piece))
-            except ValueError:
+                rows.extend(orjson.loads(piece))
+            except orjson.JSONDecodeError:
                 rows = None
                 break
             yield
@@ -434,7 +465,7 @@ def batch_rows_stages(body: bytes, defaults: dict[str, float]
         parts: list[np.ndarray] | None = []
         letters_u = letters_l = 0
         for a in range(0, len(rows), SLICE_ROWS):
-            fast = _rows_fast(rows[a:a + SLICE_ROWS], defaults)
+            fast = _rows_fast(rows[a:a + SLICE_ROWS], defaults, numbers_only=True)
             if fast is None:
                 parts = None
                 break
@@ -446,7 +477,7 @@ def batch_rows_stages(body: bytes, defaults: dict[str, float]
              and _letters_agree(counts, letters_u, letters_l)
              else _rows_by_pydantic(rows, defaults))
     else:
-        x = _rows_array(rows, defaults, counts)
+        x = _rows_array(rows, defaults, counts, numbers_only=_quotes_are_keys(counts))
     if 1 + sum(map(len, rows)) != counts[ord(":")]:
         # every value is a number: the parser kept one of a key given twice
         i, name = _find_repeated_row(body, rows)
