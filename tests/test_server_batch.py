@@ -303,3 +303,33 @@ def test_a_large_valid_body_is_parsed_in_slices_that_hold_its_rows(monkeypatch):
     with pytest.raises(BodyErrors) as e:
         parse_batch(odd, DEFAULTS)
     assert e.value.errors[0]["loc"] == ("body", "observations", 0, "ooms")
+
+
+def test_a_turn_runs_a_job_to_its_end_or_for_its_quantum():
+    """A small job's stages run in one turn (its batch waits for no other client's stage between
+    its own); a long one gives the worker up once the turn has lasted its quantum."""
+    from runtime.api.batch_worker import _turn
+
+    def job(stages: int, stage_s: float):
+        for _ in range(stages):
+            time.sleep(stage_s)
+            yield
+        return "answer"
+
+    answer, seconds = _turn(job(5, 0.0), quantum_s=1.0)
+    assert answer == "answer"
+    steps = job(50, 0.01)
+    answer, seconds = _turn(steps, quantum_s=0.03)
+    assert answer is None and 0.03 <= seconds < 0.5
+    assert len(list(steps)) < 48  # it stopped part-way, and resumes where it stopped
+
+
+def test_a_job_that_raises_is_answered_500():
+    from runtime.api.batch_worker import _turn
+
+    def job():
+        yield
+        raise RuntimeError("boom")
+
+    answer, _ = _turn(job(), quantum_s=1.0)
+    assert answer is not None and answer.status == 500

@@ -11,11 +11,11 @@ gives its CPU to the loop first.
 The worker keeps a copy of the server's decider (the policy's bytes, the PID, the static knobs,
 the slew rate), sent once for each policy the server has loaded; a reload sends the new one
 before any batch that should see it, so each batch runs wholly on one policy. Jobs are queued
-per client (connection) and run a stage at a time (a slice of the parse, of the decisions or of
-the answer: a few milliseconds each), the next stage always the waiting client's that has had
-the least of the worker's time (fair queuing): a client's small batch is answered after one
-stage of the others', never behind a queue of their large ones, and clients with large batches
-share the worker equally. The worker answers with the bytes of the HTTP answer and what the
+per client (connection) and run in turns of a couple of milliseconds (stages: a slice of the
+parse, of the decisions or of the answer, up to :data:`TURN_S`), the next turn always the waiting
+client's that has had the least of the worker's time (fair queuing): a client's small batch is
+answered whole in one turn after the turn in progress, never behind a queue of the others'
+large ones, and clients with large batches share the worker equally. The worker answers with the bytes of the HTTP answer and what the
 batch did to the decider (:class:`runtime.api.batch.BatchStats`), which the server applies to
 its own.
 
@@ -56,6 +56,10 @@ _HEADER = struct.Struct("!QQ")
 """a frame: the lengths of its pickled metadata and of its raw payload, then both"""
 MAX_DECIDERS = 8
 """decider copies the worker keeps (one per policy loaded recently)"""
+TURN_S = 0.002
+"""a client's turn at the worker runs its job's stages for at least this long (or to its end):
+a small batch is answered in one turn, however many clients wait, where one stage a turn made a
+64-row batch wait a stage of every other waiting client's between each of its own"""
 
 
 class WorkerUnavailable(RuntimeError):
@@ -343,11 +347,11 @@ def _check(path: str, max_bytes: int) -> Generator[None, None, BatchAnswer]:
 
 
 def _serve(sock: socket.socket) -> None:
-    """Answer the server's frames until it closes its end. Jobs wait per client; each turn runs
-    one stage of the job of the client that has had the least of the worker's time since it
-    began waiting (a client that starts waiting starts level with the least served one), so a
-    client's small batch is answered after one stage of the others', and clients with large
-    batches share the worker equally."""
+    """Answer the server's frames until it closes its end. Jobs wait per client; each turn
+    (:func:`_turn`) runs the job of the client that has had the least of the worker's time since
+    it began waiting (a client that starts waiting starts level with the least served one) for
+    :data:`TURN_S` or to its end, so a client's small batch is answered after the turn in
+    progress, and clients with large batches share the worker equally."""
     deciders: OrderedDict[tuple, GuardedDecider | None] = OrderedDict()
     queues: dict[str, deque] = {}  # the clients with jobs, and their jobs in order
     served: dict[str, float] = {}  # seconds of stages each of them has had while waiting
@@ -386,16 +390,8 @@ def _serve(sock: socket.socket) -> None:
         client = min(served, key=served.__getitem__)
         jobs = queues[client]
         job, steps = jobs[0]
-        answer = None
-        t0 = time.perf_counter()
-        try:
-            next(steps)
-        except StopIteration as done:
-            answer = done.value
-        except Exception:
-            traceback.print_exc()
-            answer = BatchAnswer(500, b'{"detail":"internal error in the batch worker"}', None)
-        served[client] += time.perf_counter() - t0
+        answer, seconds = _turn(steps)
+        served[client] += seconds
         if answer is not None:
             jobs.popleft()
             head, payload = _frame((job, answer.status, answer.stats), answer.body)
@@ -403,6 +399,25 @@ def _serve(sock: socket.socket) -> None:
             sock.sendall(payload)
             if not jobs:
                 del queues[client], served[client]
+
+
+def _turn(steps: Generator[None, None, BatchAnswer],
+          quantum_s: float = TURN_S) -> tuple[BatchAnswer | None, float]:
+    """One client's turn at the worker: stages of its job until the job is done or the turn
+    has lasted ``quantum_s``; the job's answer (None while it is not done) and the seconds the
+    turn took. A job that raises is answered 500."""
+    t0 = time.perf_counter()
+    try:
+        while True:
+            next(steps)
+            if time.perf_counter() - t0 >= quantum_s:
+                return None, time.perf_counter() - t0
+    except StopIteration as done:
+        return done.value, time.perf_counter() - t0
+    except Exception:
+        traceback.print_exc()
+        return (BatchAnswer(500, b'{"detail":"internal error in the batch worker"}', None),
+                time.perf_counter() - t0)
 
 
 def main(argv: list[str] | None = None) -> None:
