@@ -270,14 +270,14 @@ def free_port() -> int:
 class Server:
     """``python -m runtime.server`` in a subprocess on a free port."""
 
-    def __init__(self, policy_dir: Path, token: str, log_path: Path) -> None:
+    def __init__(self, policy_dir: Path, token: str, log_path: Path, repo: Path = REPO) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, PYTHONPATH=str(REPO), BATCHPILOT_PORT=str(self.port),
+        env = dict(os.environ, PYTHONPATH=str(repo), BATCHPILOT_PORT=str(self.port),
                    BATCHPILOT_POLICY_DIR=str(policy_dir), BATCHPILOT_POLICY_FILE="policy.onnx",
                    BATCHPILOT_RELOAD_TOKEN=token, BATCHPILOT_LOG_LEVEL="warning")
         self.log = open(log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.server"], cwd=REPO, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.server"], cwd=repo, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
@@ -531,6 +531,9 @@ class Args:
     """request rate of the load run"""
     no_rest: bool = False
     """in-process figures only"""
+    repo: Path = REPO
+    """the checkout whose server the REST figures are taken from (this one; another commit's
+    worktree, to compare two servers with the same client)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -551,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
             single = [json.dumps(o).encode() for o in pool[:1024]]
             batches = [json.dumps({"observations": pool[i:i + BATCH_SIZE]}).encode()
                        for i in range(0, len(pool), BATCH_SIZE)]
-            server = Server(folder, token, folder / "server.log")
+            server = Server(folder, token, folder / "server.log", args.repo)
+            result["server_repo"] = str(args.repo)
             try:
                 server.wait_ready()
                 result.update(bench_rest_latency(server.url, single, args.rest_requests))
