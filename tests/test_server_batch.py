@@ -174,6 +174,18 @@ def test_the_worker_answers_as_the_event_loop_does_and_follows_reloads(worker, p
     assert {x["reason"] for x in json.loads(opened.body)["decisions"]} == {"circuit open"}
 
 
+def test_a_body_handed_over_in_pieces_is_answered_as_the_whole_body(worker):
+    """The route hands the worker a large body in the pieces it arrived in, unjoined; a large
+    answer comes back as the worker's buffer (a bytearray), equal to the event loop's."""
+    body = json.dumps({"observations": [raw_fields(arrival_rate_rps=float(i))
+                                        for i in range(700)]}).encode()
+    pieces = [body[i:i + 65536] for i in range(0, len(body), 65536)]
+    assert len(pieces) > 4
+    answer = worker.submit(_decider(), "a", pieces, False).result(timeout=30)
+    assert isinstance(answer.body, bytearray) and len(answer.body) > 65536
+    assert answer == answer_batch(body, _decider())._replace(stats=answer.stats)
+
+
 def test_clients_take_turns_at_the_worker(worker):
     """Client A queues six at-cap batches, then B a small one: B's answer comes before all of
     A's but the one in progress (the least served client goes next, a stage at a time), where a

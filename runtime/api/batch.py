@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import pydantic_core
 
-from runtime.api.parsing import BodyErrors, batch_rows_stages, errors_body
+from runtime.api.parsing import Body, BodyErrors, batch_rows_stages, errors_body
 from runtime.decider.decision import Source
 from runtime.decider.guard import BatchDecisions, GuardedDecider
 from runtime.knobs import KNOB_NAMES, Knobs
@@ -45,8 +45,8 @@ class BatchStats(NamedTuple):
 class BatchAnswer(NamedTuple):
     status: int
     """200, or 422 for a refused body"""
-    body: bytes
-    """the answer, JSON"""
+    body: bytes | bytearray
+    """the answer, JSON (a ``bytearray`` as the batch worker's answers arrive)"""
     stats: BatchStats | None
     """None when the body was refused"""
 
@@ -111,7 +111,7 @@ DECIDE_ROWS = 1024
 """rows decided, and answered, at a time in the stages of a large batch"""
 
 
-def batch_stages(body: bytes, decider: GuardedDecider,
+def batch_stages(body: Body, decider: GuardedDecider,
                  circuit_open: bool | None = None) -> Generator[None, None, BatchAnswer]:
     """:func:`answer_batch` in stages of a few milliseconds each (the slices of the parse, then
     :data:`DECIDE_ROWS` rows decided, then answered, at a time), yielding between them: the
@@ -146,7 +146,7 @@ def batch_stages(body: bytes, decider: GuardedDecider,
                        stats)
 
 
-def answer_batch(body: bytes, decider: GuardedDecider,
+def answer_batch(body: Body, decider: GuardedDecider,
                  circuit_open: bool | None = None) -> BatchAnswer:
     """The answer to a ``POST /v1/decide/batch`` body: 200 with the decisions, or 422 with the
     first errors. ``circuit_open``: the breaker's state where the decider is a copy (the worker

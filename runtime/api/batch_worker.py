@@ -15,9 +15,9 @@ per client (connection) and run in turns of a couple of milliseconds (stages: a 
 parse, of the decisions or of the answer, up to :data:`TURN_S`), the next turn always the waiting
 client's that has had the least of the worker's time (fair queuing): a client's small batch is
 answered whole in one turn after the turn in progress, never behind a queue of the others'
-large ones, and clients with large batches share the worker equally. The worker answers with the bytes of the HTTP answer and what the
-batch did to the decider (:class:`runtime.api.batch.BatchStats`), which the server applies to
-its own.
+large ones, and clients with large batches share the worker equally. The worker answers with
+the bytes of the HTTP answer and what the batch did to the decider
+(:class:`runtime.api.batch.BatchStats`), which the server applies to its own.
 
 The server process talks to it over a socket pair, through a sender and a receiver thread
 (blocking socket calls release the GIL); the route awaits a future. A worker that dies fails
@@ -42,12 +42,13 @@ import threading
 import time
 import traceback
 from collections import OrderedDict, deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
 from runtime.api.batch import BatchAnswer, batch_stages
 from runtime.api.heap import return_large_blocks
+from runtime.api.parsing import Body
 from runtime.decider.guard import GuardedDecider
 
 WORKER_NICE = 10
@@ -67,9 +68,13 @@ class WorkerUnavailable(RuntimeError):
     503, and the next batch starts a new worker)."""
 
 
-def _frame(meta: Any, payload: bytes = b"") -> tuple[bytes, bytes]:
+def _frame(meta: Any, payload: Body | Sequence[bytes] = b"") -> tuple[bytes, Sequence[Body]]:
+    """A frame's head and its payload as the pieces to send (a body as it arrived, in pieces,
+    is sent without being joined: on the event loop, joining a 4 MB body was a fresh 4 MB
+    mapping faulted in)."""
+    pieces = (payload,) if isinstance(payload, (bytes, bytearray)) else payload
     m = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(m), len(payload)) + m, payload
+    return _HEADER.pack(len(m), sum(map(len, pieces))) + m, pieces
 
 
 def decider_spec(decider: GuardedDecider) -> tuple[tuple, Callable[[], dict]]:
@@ -151,10 +156,10 @@ class BatchWorker:
                              name="batchpilot-worker-receive").start()
         return self._gen
 
-    def submit(self, decider: GuardedDecider, client: str, body: bytes,
+    def submit(self, decider: GuardedDecider, client: str, body: bytes | Sequence[bytes],
                circuit_open: bool) -> Future:
-        """Queue ``body`` for the worker; the future resolves to its :class:`BatchAnswer`, or
-        fails with :class:`WorkerUnavailable`."""
+        """Queue ``body`` (whole, or in the pieces it arrived in) for the worker; the future
+        resolves to its :class:`BatchAnswer`, or fails with :class:`WorkerUnavailable`."""
         key, spec = decider_spec(decider)
         return self._enqueue(lambda job: _frame(("batch", job, key, client, circuit_open), body),
                              (key, spec))
@@ -168,7 +173,7 @@ class BatchWorker:
         lower-priority CPU, queued fairly with the batches, and never the event loop's."""
         return self._enqueue(lambda job: _frame(("check", job, client, path, max_bytes)))
 
-    def _enqueue(self, frame: Callable[[int], tuple[bytes, bytes]],
+    def _enqueue(self, frame: Callable[[int], tuple[bytes, Sequence[Body]]],
                  decider: tuple[tuple, Callable[[], dict]] | None = None) -> Future:
         """Send the frame ``frame(job)`` makes, preceded by the decider's copy (``(key, spec)``)
         when the worker does not hold it yet; the future resolves to the job's answer."""
@@ -197,8 +202,8 @@ class BatchWorker:
                 if head is None:
                     return
                 gen.sock.sendall(head)
-                if payload:
-                    gen.sock.sendall(payload)
+                for piece in payload:
+                    gen.sock.sendall(piece)
         except OSError:
             self._lost(gen)
 
@@ -223,7 +228,7 @@ class BatchWorker:
                 return
             gen.dead = True
             pending, gen.pending = gen.pending, {}
-        gen.outbox.put((None, b""))
+        gen.outbox.put((None, ()))
         try:
             gen.sock.close()
         except OSError:
@@ -268,7 +273,9 @@ def shared_worker(nice: int = WORKER_NICE) -> BatchWorker:
 
 
 class _Reader:
-    """Frames off a blocking socket; a large payload is received straight into its buffer."""
+    """Frames off a blocking socket; a large payload is received straight into its buffer, which
+    is returned as it is (a ``bytearray``: copying a 1 MB answer into ``bytes`` was a fresh
+    mapping faulted in while holding the GIL)."""
 
     LARGE = 1 << 16
 
@@ -276,7 +283,7 @@ class _Reader:
         self.sock = sock
         self.buf = bytearray()
 
-    def _exactly(self, n: int) -> bytes | None:
+    def _exactly(self, n: int) -> Body | None:
         if len(self.buf) < n and n - len(self.buf) >= self.LARGE:
             out = bytearray(n)
             view = memoryview(out)
@@ -288,7 +295,7 @@ class _Reader:
                 if not got:
                     return None
                 have += got
-            return bytes(out)
+            return out
         while len(self.buf) < n:
             chunk = self.sock.recv(max(n - len(self.buf), self.LARGE))
             if not chunk:
@@ -298,7 +305,7 @@ class _Reader:
         del self.buf[:n]
         return out_bytes
 
-    def frame(self) -> tuple[Any, bytes] | None:
+    def frame(self) -> tuple[Any, Body] | None:
         head = self._exactly(_HEADER.size)
         if head is None:
             return None
@@ -324,7 +331,7 @@ def _copy(spec: dict) -> GuardedDecider:
     return decider
 
 
-def _job(body: bytes, decider: GuardedDecider | None,
+def _job(body: Body, decider: GuardedDecider | None,
          circuit_open: bool) -> Generator[None, None, BatchAnswer]:
     """One batch, yielding between its stages (:func:`runtime.api.batch.batch_stages`)."""
     if decider is None:
@@ -394,9 +401,9 @@ def _serve(sock: socket.socket) -> None:
         served[client] += seconds
         if answer is not None:
             jobs.popleft()
-            head, payload = _frame((job, answer.status, answer.stats), answer.body)
+            head, _ = _frame((job, answer.status, answer.stats), answer.body)
             sock.sendall(head)
-            sock.sendall(payload)
+            sock.sendall(answer.body)
             if not jobs:
                 del queues[client], served[client]
 

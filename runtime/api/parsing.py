@@ -59,6 +59,9 @@ COUNT_WITH_NUMPY_BYTES = 16 * 1024
 """larger bodies have their bytes counted with numpy (five times faster than ``bytes.count``
 on 256 KB)"""
 JSON_MEDIA_TYPE = "application/json"
+Body = bytes | bytearray
+"""a request body: ``bytes`` as the server reads it, a ``bytearray`` as the batch worker
+receives a large one"""
 
 _OBSERVATIONS = TypeAdapter(list[Observation])  # type: ignore[valid-type]
 _NAMES = frozenset(OBSERVATION_NAMES)
@@ -129,7 +132,7 @@ def check_content_type(content_type: str | None) -> None:
 
 
 # ------------------------------------------------------------------------ step 1: byte counts
-def _byte_counts(body: bytes, which: bytes) -> dict[int, int]:
+def _byte_counts(body: Body, which: bytes) -> dict[int, int]:
     """How often each byte of ``which`` occurs in ``body``."""
     if len(body) <= COUNT_WITH_NUMPY_BYTES:
         return {b: body.count(bytes((b,))) for b in which}
@@ -158,7 +161,7 @@ def _shape_problem(counts: dict[int, int], envelope: int) -> str | None:
     return None
 
 
-def _refuse_what_cannot_be_valid(body: bytes, envelope: int) -> tuple[dict[int, int], str | None]:
+def _refuse_what_cannot_be_valid(body: Body, envelope: int) -> tuple[dict[int, int], str | None]:
     """The byte counts of ``body`` (see :func:`_shape_problem`), and what makes it invalid when
     it is small enough to be parsed for its first errors (None when its counts are a valid
     body's). Raises a one-error 422 when it cannot be valid and is larger than that."""
@@ -181,7 +184,7 @@ def _shape_error(problem: str, envelope: int) -> BodyErrors:
     return _one_error((), f"cannot be {what}: {problem}", "invalid_shape")
 
 
-def _parse(body: bytes) -> Any:
+def _parse(body: Body) -> Any:
     """``body`` parsed (see the module docstring, step 2: orjson, then pydantic-core for what
     orjson refuses); a one-error 422 naming pydantic-core's reason when neither parses it."""
     try:
@@ -195,7 +198,7 @@ def _parse(body: bytes) -> Any:
 
 
 # ------------------------------------------------------------------------ repeated keys
-def _repeated_key(text: bytes) -> str | None:
+def _repeated_key(text: Body) -> str | None:
     """The first key given twice in one object's text, if any."""
     seen: Counter[bytes] = Counter(m.group(1) for m in _KEY.finditer(text))
     for key, n in seen.items():
@@ -210,7 +213,7 @@ def _repeated_key_error(loc: tuple, name: str | None) -> BodyErrors:
                       "duplicate_key")
 
 
-def _find_repeated_row(body: bytes, rows: list) -> tuple[int, str | None]:
+def _find_repeated_row(body: Body, rows: list) -> tuple[int, str | None]:
     """The batch row that lost a key to the parser (its keys given in the body outnumber those
     parsed), found by counting the ``:`` between the ``}`` that end the rows; (-1, None) when
     the body's shape does not allow it (then the error names no row)."""
@@ -408,7 +411,7 @@ SLICE_ROWS = 256
 _SPACE = b" \t\r\n"
 
 
-def _row_slices(body: bytes, counts: dict[int, int]) -> list[bytes] | None:
+def _row_slices(body: Body, counts: dict[int, int]) -> list[bytes] | None:
     """The rows of a batch body whose byte counts are a valid body's, cut into JSON lists of
     about :data:`SLICE_BYTES` each, at the ``}`` that end its rows; None when the body's
     envelope is not plainly ``{"observations": [...]}`` or its ``}`` are not one a row (then it
@@ -434,7 +437,7 @@ def _row_slices(body: bytes, counts: dict[int, int]) -> list[bytes] | None:
     return slices
 
 
-def batch_rows_stages(body: bytes, defaults: dict[str, float]
+def batch_rows_stages(body: Body, defaults: dict[str, float]
                       ) -> Generator[None, None, np.ndarray]:
     """:func:`parse_batch` in stages, yielding between them: a large valid body is parsed
     :data:`SLICE_BYTES` at a time and put into the array :data:`SLICE_ROWS` at a time (each
@@ -513,7 +516,7 @@ def _envelope_rows(value: Any) -> list:
     return rows
 
 
-def parse_batch(body: bytes, defaults: dict[str, float]) -> np.ndarray:
+def parse_batch(body: Body, defaults: dict[str, float]) -> np.ndarray:
     """The raw rows ``[n, OBS_DIM]`` of a ``POST /v1/decide/batch`` body, in
     :data:`OBSERVATION_NAMES` order, the optional fields a row leaves out filled from
     ``defaults`` (:func:`runtime.observation.field_defaults`); raises :class:`BodyErrors`."""

@@ -68,14 +68,15 @@ async def decide_batch(request: Request, services: ServicesDep) -> Response:
     # (runtime.api.parsing); the OpenAPI document shows the BatchRequest schema (see
     # runtime.server).
     check_content_type(request.headers.get("content-type"))
-    body = await request.body()
+    pieces = [piece async for piece in request.stream() if piece]
+    size = sum(map(len, pieces))
     decider, worker = services.decider, services.worker
-    if len(body) <= INLINE_BODY_BYTES or worker is None:
-        answer = answer_batch(body, decider)
-    else:
+    if size <= INLINE_BODY_BYTES or worker is None:
+        answer = answer_batch(b"".join(pieces), decider)
+    else:  # handed over in the pieces it arrived in: never joined on the loop
         client = request.client
         future = worker.submit(decider, f"{client.host}:{client.port}" if client else "",
-                               body, not decider.breaker.is_closed())
+                               pieces, not decider.breaker.is_closed())
         try:
             answer = await asyncio.wrap_future(future)
         except WorkerUnavailable as e:
@@ -85,4 +86,6 @@ async def decide_batch(request: Request, services: ServicesDep) -> Response:
             decider.absorb_batch(s.tally, s.lend_guard_hits, s.errors)
     if answer.stats is not None:
         services.metrics.record_tally(answer.stats.tally, answer.stats.seconds)
-    return Response(answer.body, status_code=answer.status, media_type=JSON_MEDIA_TYPE)
+    body = answer.body
+    return Response(memoryview(body) if isinstance(body, bytearray) else body,  # not copied
+                    status_code=answer.status, media_type=JSON_MEDIA_TYPE)
