@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -259,9 +260,14 @@ def _compile_vector() -> Callable[[Sequence[float], Knobs], np.ndarray]:
             exprs.append(f"_copysign(_log1p(abs({x})), {x}) / {denom!r}")
         else:
             exprs.append(f"({clip} - {low!r}) / {denom!r}")
-    lines.append(f"    return _array(({', '.join(exprs)}, *_current_action(knobs)), _float32)")
+    # packed into a fresh array by struct (a C cast to float32 a value, numpy's own rounding):
+    # np.array of the tuple looks at every value's type first, twice the instructions
+    lines.append("    out = _empty(_DIM, _float32)")
+    lines.append(f"    _pack_into(out, 0, {', '.join(exprs)}, *_current_action(knobs))")
+    lines.append("    return out")
     namespace: dict[str, Any] = {"_log1p": math.log1p, "_copysign": math.copysign,
-                                 "_array": np.array, "_float32": np.float32,
+                                 "_empty": np.empty, "_float32": np.float32, "_DIM": OBS_DIM,
+                                 "_pack_into": struct.Struct(f"{OBS_DIM}f").pack_into,
                                  "_current_action": current_action}
     exec("\n".join(lines), namespace)
     return namespace["_vector"]

@@ -356,6 +356,33 @@ def test_the_decode_clocks_kept_state_gives_the_run_rebuilt_at_every_event(admis
     assert runs[0] == runs[1]
 
 
+def test_running_decodes_counts_lag_between_run_until_calls_and_requests_has_them_exact():
+    """Closing an interval reads no running decode's counts (the environment closes one every
+    0.25 s), so they stay on the decode clock from one ``run_until`` to the next; ``requests``
+    brings them up to date: every interval, they are the counts of the run that takes every
+    request off the clock after every stretch and step."""
+    profile = hand_profile(blocks_at_half=400, prefill_token_s=1e-5, decode_ctx_token_s=1e-6,
+                           decode_seq_s=2e-5)
+    arrivals, prompts, outputs = random_workload(3, 60, 10)
+    runs = []
+    for kept in (True, False):
+        e = make_engine(profile, chunk=256)
+        e.add_requests(arrivals, prompts, outputs)
+        if not kept:
+            _rebuilt_at_every_event(e)
+        rows, lagging = [], 0
+        while e.has_work():
+            e.run_until(e.now + 0.25)
+            e.collect_interval()
+            e.check_invariants()
+            lagging += any(0 <= r.synced_at < e._clock for r in e.running)
+            rows.append([(r.req_id, r.num_computed_tokens, r.num_output_tokens)
+                         for r in e.requests])
+        runs.append(rows)
+        assert (lagging > 0) == kept
+    assert runs[0] == runs[1]
+
+
 def test_an_executor_that_must_see_its_batches_gets_every_step_and_the_same_run():
     """A wrapper of the simulated executor (a recording, a subclass that counts) is handed
     every step's batch, as the step-by-step path builds it, and the run is the plain

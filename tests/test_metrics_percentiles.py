@@ -36,10 +36,11 @@ def test_a_closed_interval_reads_its_p99s_once_and_an_open_one_reads_its_lists()
     assert (iv.ttft_p99_ratio, iv.tpot_p99_ratio) == (4.0, 0.25)
 
 
-def test_percentiles_in_one_call_equal_one_call_each():
+def test_percentiles_are_numpys_to_the_bit():
     rng = np.random.default_rng(5)
-    for n in (1, 2, 3, 10, 99, 100, 1001, 4000):
-        x = rng.lognormal(0.0, 1.0, n).tolist()
-        assert percentiles(x, (50.0, 90.0, 99.0)) == [
-            float(np.percentile(np.asarray(x), q)) for q in (50.0, 90.0, 99.0)]
+    qs = (0.0, 1.0, 25.0, 50.0, 75.0, 90.0, 99.0, 99.9, 100.0)
+    for n in (1, 2, 3, 10, 99, 100, 101, 1001, 4000):
+        for x in (rng.lognormal(0.0, 1.0, n).tolist(),
+                  rng.integers(0, 5, n).astype(float).tolist()):  # ties
+            assert percentiles(x, qs) == [float(np.percentile(np.asarray(x), q)) for q in qs]
     assert percentiles([], (50.0, 90.0, 99.0)) == [0.0, 0.0, 0.0]

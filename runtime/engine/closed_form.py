@@ -201,7 +201,9 @@ class ClosedFormMixin(SteppingMixin, DeadlinesMixin, DecodeClockMixin):
                 self._clock_sync(drop=True)
         self._take_arrivals()
         self._count_certain_violations()
-        self._clock_sync()
+        # the decodes' counts are left lagging the clock: an interval's close reads none of
+        # them (the environment closes one every 0.25 s); readers of counts bring them up to
+        # date (``requests``, ``state_key``, ``fork``)
 
     def _take_crossings(self, crossing: list[tuple[Request, int]]) -> None:
         """Hand each ``(request, blocks)`` of ``crossing`` (in running order) its blocks: one

@@ -17,12 +17,14 @@ summed:
   request registered with a whole block in hand (a recompute left one token short on a block
   boundary) skips its first residue: it waits in ``_deferred`` for one iteration block.
 
-The requests still prefilling are kept in running order (``_prefill_list``). Everything a
-reader outside the engine's loop sees is exact: :meth:`ClosedFormMixin.run_until
-<runtime.engine.closed_form.ClosedFormMixin>` brings every count up to date before it returns,
-and a preemption brings its victim's first. The structures are built from the requests when
-first needed (``_lazy`` False: after a fork, a step-by-step iteration, an abort) and kept up
-to date from then on by admission, preemption, shedding and the loop itself.
+The requests still prefilling are kept in running order (``_prefill_list``). The counts stay
+lagging from one ``run_until`` to the next: closing an interval reads none of them (its batch
+backlog adds the lag), so an environment step does not walk the running decodes. What reads
+them brings them up to date first (:meth:`_clock_sync`): ``Engine.requests``, the way a reader
+outside the engine sees requests, ``state_key``, ``fork``, a preemption (its victim's), the
+step-by-step path and ``abort_all``. The structures are built from the requests when first
+needed (``_lazy`` False: after a fork, a step-by-step iteration, an abort) and kept up to date
+from then on by admission, preemption, shedding and the loop itself.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ class DecodeClockMixin(EngineState):
     def _clock_sync(self, drop: bool = False) -> None:
         """Bring every registered request's counts up to date; with ``drop``, unregister them
         all and drop the structures (the step-by-step path changes counts on its own)."""
+        if not self._lazy:
+            return  # nothing is registered without the structures
         now = self._clock
         for r in self.running:
             s = r.synced_at
@@ -90,7 +94,7 @@ class DecodeClockMixin(EngineState):
                     r.num_computed_tokens += d
                     r.num_output_tokens += d
                 r.synced_at = -1 if drop else now
-        if drop and self._lazy:
+        if drop:
             self._lazy = False
             self._buckets = self._buckets2 = []
             self._deferred = []

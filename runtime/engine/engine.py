@@ -120,8 +120,7 @@ class Engine(ClosedFormMixin, ObservingMixin):
                 f"({self.memory.workspace_bytes(KNOB_SPECS[2].high)} bytes) cannot hold one block "
                 f"of prefill ({self.memory.activation_bytes(self.block_size)} bytes)")
 
-        self.requests: list[Request] = []
-        """every request added (``config.keep_requests``), or those not yet ended"""
+        self._requests: list[Request] = []  # what ``requests`` reads
         self._num_added = 0
         self._ended = SummaryAccumulator()  # the run summary's inputs, one entry per ended request
         self._pending: list[Request] = []  # not yet arrived, sorted by arrival
@@ -163,7 +162,16 @@ class Engine(ClosedFormMixin, ObservingMixin):
         self.num_iterations = 0
         self.num_fast_stretches = 0
         self._interval = IntervalStats(start_s=0.0)
-        self._num_dropped = 0  # ended requests still in ``requests`` (keep_requests=False)
+        self._num_dropped = 0  # ended requests still in ``_requests`` (keep_requests=False)
+
+    @property
+    def requests(self) -> list[Request]:
+        """Every request added (``config.keep_requests``), or those not yet ended, their token
+        counts up to date: between ``run_until`` calls the running decodes' counts lag the
+        decode clock (``runtime.engine.decode_clock``), and this list is what a reader outside
+        the engine goes through (``running`` holds the same objects as the loop left them)."""
+        self._clock_sync()
+        return self._requests
 
     # ------------------------------------------------------------------ knobs
     def set_knobs(self, knobs: Knobs) -> float:
@@ -284,6 +292,7 @@ class Engine(ClosedFormMixin, ObservingMixin):
         preemptions, busy time, first-token ratios) and caches; with ``memory`` False, the memory
         integrals too (for a score that does not price memory). Requests are identified by id:
         the key means something only between engines with the same requests."""
+        self._clock_sync()  # the key holds every running request's counts
         cfg = self.config
         iv = self._interval
 
@@ -333,6 +342,7 @@ class Engine(ClosedFormMixin, ObservingMixin):
         if fork_executor is None:
             raise TypeError(f"{type(self.executor).__name__} cannot be forked: only an executor "
                             "with a fork() method (the simulated one) can")
+        self._clock_sync()  # the clones' counts are exact: they start off the clock
         end = self.now + horizon_s
         src = self._pending
         if arrivals is None:
@@ -362,13 +372,13 @@ class Engine(ClosedFormMixin, ObservingMixin):
 
         rebuilt: dict[str, object] = {
             "executor": fork_executor(), "pool": self.pool.copy(), "_pending": pending,
-            "requests": [], "_deadlines": [],
+            "_requests": [], "_deadlines": [],
             "running": [cloned(r) for r in self.running],
             "waiting": deque(map(cloned, self.waiting)), "late": deque(map(cloned, self.late)),
             "waiting_batch": deque(map(cloned, self.waiting_batch)),
             "_interval": self._interval.copy(), "_ended": self._ended.copy(),
             # the decode clock's structures hold the original's requests: the copy builds its
-            # own when it first runs (the counts are exact outside run_until)
+            # own when it first runs (the counts were brought up to date above)
             "_lazy": False, "_ctx": 0, "_buckets": [], "_buckets2": [], "_deferred": [],
             "_ends": [], "_prefill_list": [],
         }
@@ -388,7 +398,7 @@ class Engine(ClosedFormMixin, ObservingMixin):
                             if r.status < Status.FINISHED]
         for c in clones.values():
             c.synced_at = -1
-        copies = cast(list[Request], clone.requests)
+        copies = cast(list[Request], clone._requests)
         copies.extend(clones.values())
         copies.extend(pending)
         copies.sort(key=_request_id)

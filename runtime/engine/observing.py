@@ -48,10 +48,13 @@ class ObservingMixin(DeadlinesMixin):
         if not n and not self.waiting_batch:
             return 0, 1.0
         now = self.now
+        clock = self._clock
         todo = 0
         margin = 1.0
         for r in self.running[len(self.running) - n:]:
             todo += r.prompt_tokens + r.output_tokens - r.num_computed_tokens
+            if r.synced_at >= 0:  # a decode on the clock: its count lags it
+                todo -= clock - r.synced_at
             m = (r.deadline_s - now) / (r.deadline_s - r.arrival_s)
             if m < margin:
                 margin = m
@@ -84,7 +87,7 @@ class ObservingMixin(DeadlinesMixin):
         self._account_memory()
         finished = Status.FINISHED  # an enum member read once, not once a request
         return self._ended.summary(
-            (r for r in self.requests if r.status < finished), self.now,
+            (r for r in self._requests if r.status < finished), self.now,
             self.num_preemptions, self.num_ooms, self.num_iterations, self.kv_gib_s,
             (self.cotenant_served_gib_s, self.cotenant_demand_gib_s))
 
@@ -108,14 +111,17 @@ class ObservingMixin(DeadlinesMixin):
         prefilling = sum(1 for r in self.running
                          if not (r.num_output_tokens and r.num_computed_tokens == r.num_tokens - 1))
         assert prefilling == self._num_prefilling, (prefilling, self._num_prefilling)
-        for r in self.running:
-            assert len(r.block_ids) * self.block_size >= r.num_computed_tokens
+        clock = self._clock
+        for r in self.running:  # a decode on the clock has computed its lag more than it says
+            lag = clock - r.synced_at if r.synced_at >= 0 else 0
+            assert len(r.block_ids) * self.block_size >= r.num_computed_tokens + lag
         assert [r.order for r in self.running] == sorted(r.order for r in self.running), "order"
         self._check_clock()
 
     def _check_clock(self) -> None:
-        """The lazy decode clock's structures (runtime.engine.decode_clock) against the requests
-        (outside run_until every count is exact)."""
+        """The lazy decode clock's structures (runtime.engine.decode_clock) against the requests,
+        each registered decode's counts taken up to date by its lag here without changing them
+        (they lag between run_until calls too, and a check must not hide that)."""
         decodes = [r for r in self.running
                    if r.num_output_tokens and r.num_computed_tokens == r.num_tokens - 1]
         if not self._lazy:
@@ -123,14 +129,16 @@ class ObservingMixin(DeadlinesMixin):
             return
         bs = self.block_size
         now = self._clock
-        assert all(r.synced_at == now for r in decodes), "a decode's counts lag outside the loop"
+        assert all(0 <= r.synced_at <= now for r in decodes), "a decode off the clock"
+        lag = {id(r): now - r.synced_at for r in decodes}
         assert self._prefill_list == [r for r in self.running if r.synced_at < 0], "prefills"
-        assert self._ctx == sum(r.num_computed_tokens + 1 for r in decodes), "context"
+        assert self._ctx == sum(r.num_computed_tokens + lag[id(r)] + 1 for r in decodes), "context"
         held = {id(r): i for i, bucket in enumerate(self._buckets) for r in bucket}
         held.update((id(r), -1) for r in self._deferred)
         assert len(held) == len(decodes) == sum(map(len, self._buckets)) + len(self._deferred)
         for r in decodes:
-            off = len(r.block_ids) * bs - r.num_computed_tokens
+            off = len(r.block_ids) * bs - r.num_computed_tokens - lag[id(r)]
             assert held[id(r)] == ((now + off) % bs if off < bs else -1), "block residue"
         live = {id(r): t for t, order, r in self._ends if r.order == order and r.synced_at >= 0}
-        assert live == {id(r): now + r.output_tokens - r.num_output_tokens for r in decodes}
+        assert live == {id(r): now + r.output_tokens - r.num_output_tokens - lag[id(r)]
+                        for r in decodes}

@@ -19,8 +19,8 @@ class OutcomesMixin(EngineState):
         self._ended.add(r, met)
         if not self.config.keep_requests:
             self._num_dropped += 1
-            if self._num_dropped > 1024 and self._num_dropped * 2 > len(self.requests):
-                self.requests = [q for q in self.requests if q.status < Status.FINISHED]
+            if self._num_dropped > 1024 and self._num_dropped * 2 > len(self._requests):
+                self._requests = [q for q in self._requests if q.status < Status.FINISHED]
                 self._num_dropped = 0
 
     def _violation(self, r: Request) -> None:

@@ -67,7 +67,7 @@ class QueuesMixin(DecodeClockMixin, OutcomesMixin):
                                target.ttft_target_s(int(prompt_tokens[i])), target.tpot_s,
                                target.deadline_s))
         self._num_added += n
-        self.requests.extend(new)
+        self._requests.extend(new)
         self._pending.extend(new)
 
     @property

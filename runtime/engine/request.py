@@ -92,8 +92,9 @@ class Request:
         # sequence number, batch requests after every interactive one.
         self.order = 0
         # While it decodes under the engine's lazy decode clock: the clock's value when its
-        # token counts were last brought up to date (they lag the clock by the difference);
-        # -1 when its counts are exact (see runtime.engine.closed_form).
+        # token counts were last brought up to date (they lag the clock by the difference,
+        # between run_until calls too); -1 when it is off the clock and its counts are exact
+        # (see runtime.engine.decode_clock).
         self.synced_at = -1
 
     clone = slot_copier(__slots__, own=("block_ids",))

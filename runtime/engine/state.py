@@ -32,7 +32,7 @@ class EngineState:
     knobs: Knobs
     now: float
     pool: BlockPool
-    requests: list[Request]
+    _requests: list[Request]
     _num_added: int
     _ended: SummaryAccumulator
     _pending: list[Request]
