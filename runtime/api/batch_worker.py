@@ -274,8 +274,8 @@ def shared_worker(nice: int = WORKER_NICE) -> BatchWorker:
 
 class _Reader:
     """Frames off a blocking socket; a large payload is received straight into its buffer, which
-    is returned as it is (a ``bytearray``: copying a 1 MB answer into ``bytes`` was a fresh
-    mapping faulted in while holding the GIL)."""
+    is returned as it is (a ``bytearray``: copying a 1 MB answer into ``bytes`` held the GIL
+    for the copy, and faulted a fresh mapping in where such blocks are mapped on their own)."""
 
     LARGE = 1 << 16
 
