@@ -12,10 +12,10 @@ body (about 260 KB, copied several times between the socket, the server and its 
 was a fresh mapping faulted in page by page, and the kernel's share of the batch route's CPU was
 half of it (measured: 1.3 ms of system time a request in the server and 1.0 ms in the worker,
 0.3 and 0.5 ms at 1 MB). At 1 MB, orjson's working buffer for such a body (between 2 and 4 MB)
-was still a fresh mapping: 124 page faults a parse, none at 4 MB. A body at the size cap
-(4 MB) and a policy file are still mapped on their own. The trim threshold is fixed with it, so
-that a freed block at the top of the heap is kept for the next request rather than given back
-and faulted in again.
+was still a fresh mapping: 124 page faults a parse, none at 4 MB. A body at the default size
+cap (4 MB) and a policy file of that size or more are still mapped on their own. The trim
+threshold is fixed with it, so that a freed block at the top of the heap is kept for the next
+request rather than given back and faulted in again.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from __future__ import annotations
 from runtime.steady_cpu import set_malloc_thresholds
 
 MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
-"""blocks at least this large are mapped on their own: a policy file, a batch body near the
-size cap"""
+"""blocks at least this large are mapped on their own: a policy file of 4 MB or more, a body at
+the default size cap (4 MB)"""
 TRIM_THRESHOLD_BYTES = 2 * MMAP_THRESHOLD_BYTES
 """free memory at the top of a heap kept for reuse, at most"""
 
