@@ -17,6 +17,7 @@ from runtime.decider.ood_guard import (
     CHECKED,
     MIN_SAMPLES,
     OOD_KEY,
+    TRAFFIC_FIELDS,
     ObservationDistribution,
     OodGuard,
 )
@@ -52,6 +53,21 @@ def test_the_distribution_is_each_fields_training_range_widened_and_survives_its
         ObservationDistribution.measure(trained_on(10))
     with pytest.raises(ValueError, match=OOD_KEY):
         ObservationDistribution.from_metadata('{"version": 1, "fields": {"nope": [0, 1]}}')
+
+
+def test_only_the_traffic_is_judged_not_the_state_the_controllers_own_decisions_made():
+    # queues, KV use and latencies far past anything in training (a long window held past
+    # capacity builds them) are the policy's doing, not traffic it never saw
+    busy = observation(prompt_tokens_mean=1200.0, arrival_rate_rps=5.0,
+                       waiting_requests=50_000.0, waiting_prompt_tokens=5e7,
+                       kv_utilization=1.0, ttft_p99_ratio=400.0, preemptions=900.0)
+    assert DIST.outside(busy) is None
+    assert set(CHECKED) == set(TRAFFIC_FIELDS)
+    assert "cotenant_demand_fraction" in CHECKED and "waiting_requests" not in CHECKED
+    # and a co-tenant's demand the policy never met is traffic it never saw
+    lent = observation(prompt_tokens_mean=1200.0, arrival_rate_rps=5.0,
+                       cotenant_demand_fraction=0.5)
+    assert CHECKED[DIST.outside(lent)] == "cotenant_demand_fraction"
 
 
 def test_the_embedded_guard_waits_a_few_intervals_and_gives_control_back_after_a_calm_window():
