@@ -31,6 +31,7 @@ import torch
 from agents.oracle import ORACLE_NAME, LookaheadOracle, OracleConfig, Setting, search_name
 from agents.oracle_label import Labels, label_window
 from env.traces.trace import Trace
+from env.windows import window_config
 from runtime.engine.engine import EngineConfig
 from runtime.engine.profile import Profile
 
@@ -160,14 +161,21 @@ def oracle_for(cfg: ImitationConfig, anchor: Setting | None, interval_s: float) 
 
 def oracle_labels(windows: Sequence[tuple[Trace, float]], cfg: ImitationConfig,
                   anchor: Setting | None, *, interval_s: float, profile: Profile | None,
-                  config: EngineConfig | None = None) -> Labels:
+                  config: EngineConfig | None = None,
+                  starts: Sequence[float] | None = None) -> Labels:
     """Behaviour cloning's labels: the oracle drives each window and labels every state
-    (``cfg.workers`` windows at a time)."""
+    (``cfg.workers`` windows at a time). ``starts``: where each window was cut from its split,
+    for the co-tenant's demand there (:func:`env.windows.window_config`, as the training
+    environments run it); None: from the demand's start."""
     from agents.parallel import run_jobs
 
     t0 = time.perf_counter()
     shared = _OracleJob(cfg, anchor, interval_s, profile, config)
-    jobs = [(window, shared, i, scale) for i, (window, scale) in enumerate(windows)]
+    starts = [0.0] * len(windows) if starts is None else list(starts)
+    if len(starts) != len(windows):
+        raise ValueError(f"{len(windows)} windows and {len(starts)} starts")
+    jobs = [(window, shared, i, scale, start)
+            for i, ((window, scale), start) in enumerate(zip(windows, starts))]
     return _pooled(run_jobs(_oracle_job, jobs, workers=cfg.workers, progress=False), t0)
 
 
@@ -182,11 +190,12 @@ class _OracleJob:
     config: EngineConfig | None
 
 
-def _oracle_job(job: tuple[Trace, _OracleJob, int, float]) -> Labels:
-    window, o, index, scale = job
+def _oracle_job(job: tuple[Trace, _OracleJob, int, float, float]) -> Labels:
+    window, o, index, scale, start = job
     labels = Labels()
     label_window(window, oracle_for(o.cfg, o.anchor, o.interval_s), labels, index=index,
-                 scale=scale, interval_s=o.interval_s, profile=o.profile, config=o.config)
+                 scale=scale, interval_s=o.interval_s, profile=o.profile,
+                 config=window_config(o.config, start))
     return labels
 
 
@@ -316,7 +325,8 @@ def warm_start(policy, venv, windows: dict[str, list[tuple[Trace, float, float, 
     first = 0
     for trace, ws in windows.items():
         part = oracle_labels([(w, x) for w, x, _, _ in ws], cfg, anchors.get(trace),
-                             interval_s=interval_s, profile=profile, config=config)
+                             interval_s=interval_s, profile=profile, config=config,
+                             starts=[s for _, _, s, _ in ws])
         part.window = [first + i for i in part.window]
         labels.extend(part)
         first += len(ws)

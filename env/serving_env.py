@@ -15,7 +15,7 @@ from env.session import RewardWeights, ServingSession
 from env.traces import split as split_trace
 from env.traces.resolve import resolve_trace
 from env.traces.trace import Trace
-from env.windows import cut_window, draw_window
+from env.windows import cut_window, draw_window, window_config
 from runtime.decider.guard import DEFAULT_MAX_STEP, slew_limit_one
 from runtime.engine.engine import EngineConfig
 from runtime.engine.factory import make_executor
@@ -166,6 +166,9 @@ class ServingEnv(gym.Env):
         self.max_step = max_step
         self.profile = Profile.load(profile) if executor == "sim" else None
         self.engine_config = engine_config
+        self.episode_config = engine_config
+        """the current episode's engine config: ``engine_config`` with the co-tenant's demand
+        from the window's start (:func:`env.windows.window_config`)"""
         self.weights = RewardWeights(violation_weight, memory_price, oom_penalty, batch_weight,
                                      cotenant_value)
         self.action_space = spaces.Box(-1.0, 1.0, shape=(NUM_KNOBS,), dtype=np.float32)
@@ -217,8 +220,9 @@ class ServingEnv(gym.Env):
                              f"(rate scale {scale:g}) holds {len(window)} requests; an episode "
                              "needs at least 2")
         self.rate_scale, self.start_s = scale, start
+        self.episode_config = window_config(self.engine_config, start)
         self.session = ServingSession(window, interval_s=self.interval_s, profile=self.profile,
-                                      config=self.engine_config, knobs=DEFAULT_KNOBS,
+                                      config=self.episode_config, knobs=DEFAULT_KNOBS,
                                       weights=self.weights,
                                       **self._engine(window))  # type: ignore[arg-type]
         # the knobs the engine starts with: the static default's, with the engine config's batch

@@ -52,7 +52,7 @@ def reference_track(env: gym.Env, knobs: Knobs) -> np.ndarray:
     if getattr(u, "executor_kind", "sim") != "sim":
         raise ValueError("a reference replay needs the simulated executor")
     session = ServingSession(u.session.trace, interval_s=u.interval_s, profile=u.profile,
-                             config=u.engine_config, knobs=knobs, weights=u.weights)
+                             config=u.episode_config, knobs=knobs, weights=u.weights)
     rewards: dict[int, float] = {}
     while True:
         result = session.step(knobs)

@@ -105,3 +105,41 @@ def test_window_probabilities_are_refused_unless_they_are_a_distribution():
         e.set_window_probabilities([0.5, 0.25, 0.25])
     with pytest.raises(ValueError, match="Curriculum.mix must be in \\[0, 1\\], got 1.5"):
         Curriculum(2, mix=1.5)
+
+
+def test_a_windows_co_tenant_demand_is_read_from_where_the_window_was_cut():
+    from env.traces.cotenant import cotenant_demand
+    from env.windows import window_config
+    from runtime.engine.engine import EngineConfig
+
+    demand = cotenant_demand()
+    config = EngineConfig(cotenant=demand)
+    later = window_config(config, 1800.0)
+    assert later.cotenant.demand_gib(0.0) == demand.demand_gib(1800.0)
+    assert later.cotenant.demand_gib(30.5) == demand.demand_gib(1830.5)
+    assert window_config(config, 0.0) is config
+    assert window_config(EngineConfig(), 1800.0).cotenant is None
+    # the period is kept: an hour on is the same demand
+    assert window_config(config, 3600.0) is config
+    with pytest.raises(ValueError, match="finite"):
+        demand.shifted(float("nan"))
+
+
+def test_training_episodes_meet_the_co_tenants_demand_of_their_windows_and_so_does_the_reference():
+    from env.traces.cotenant import cotenant_demand
+    from runtime.engine.engine import EngineConfig
+
+    config = EngineConfig(cotenant=cotenant_demand())
+    e = StaticReference(ServingEnv(episode_s=20.0, rate_scale_range=(1.0, 1.0),
+                                   engine_config=config), DEFAULT_KNOBS)
+    demands = set()
+    for start in (0.0, 900.0, 1800.0):
+        e.reset(options={"start_s": start})
+        u = e.unwrapped
+        assert u.episode_config.cotenant.demand_gib(0.0) == config.cotenant.demand_gib(start)
+        demands.add(round(u.session.engine.config.cotenant.demand_gib(0.0), 6))
+        _, r, *_ = e.step(HOLD_DEFAULT)
+        # the reference replays the same window under the same demand: holding its knobs is
+        # worth nothing more or less than it
+        assert r == pytest.approx(0.0, abs=1e-10)
+    assert len(demands) == 3

@@ -43,6 +43,17 @@ class CoTenantDemand:
             raise ValueError("co-tenant demand must be finite and >= 0 GiB in every step")
         object.__setattr__(self, "gib", g)
 
+    def shifted(self, offset_s: float) -> CoTenantDemand:
+        """The same demand read from ``offset_s`` on: its value at time ``t`` is this one's at
+        ``t + offset_s`` (to the step; the period is kept)."""
+        if not math.isfinite(offset_s):
+            raise ValueError(f"a co-tenant offset must be finite, got {offset_s}")
+        steps = math.floor(offset_s / self.step_s) % len(self.gib)
+        if steps == 0:
+            return self
+        return CoTenantDemand(gib=np.roll(self.gib, -steps), step_s=self.step_s,
+                              source=f"{self.source} from {steps * self.step_s:g} s")
+
     def demand_gib(self, t: float) -> float:
         """GiB wanted at time ``t``."""
         return float(self.gib[math.floor(t / self.step_s) % len(self.gib)])
