@@ -130,8 +130,10 @@ def test_training_episodes_meet_the_co_tenants_demand_of_their_windows_and_so_do
     from runtime.engine.engine import EngineConfig
 
     config = EngineConfig(cotenant=cotenant_demand())
+    # the co-tenant's served share is worth something, so a reference replayed under another
+    # demand than the episode's would not pair to zero
     e = StaticReference(ServingEnv(episode_s=20.0, rate_scale_range=(1.0, 1.0),
-                                   engine_config=config), DEFAULT_KNOBS)
+                                   engine_config=config, cotenant_value=1.0), DEFAULT_KNOBS)
     demands = set()
     for start in (0.0, 900.0, 1800.0):
         e.reset(options={"start_s": start})

@@ -15,7 +15,7 @@ the vector's own coordinates (the transformed values the policy reads): the
 that never moved in training (no co-tenant) is held to that value within the margin: a policy
 that never saw a co-tenant has not learnt what to do with one.
 
-Only the traffic's own fields are checked (:data:`TRAFFIC_FIELDS`: arrival rate and its change,
+Only the traffic's own fields are checked (:data:`CHECKED`: arrival rate and its change,
 prompt length mean and spread, the co-tenant's demand), not the engine's state (queues, KV use,
 latencies, preemptions, sheds) nor the knobs. The state is what the controller's own decisions
 make of the traffic: a policy holding a long held-out window at a load past capacity builds
@@ -71,13 +71,11 @@ DEFAULT_WINDOW = 8
 """intervals the embedded guard remembers; that many in a row in give control back"""
 MIN_SAMPLES = 1000
 """the fewest training observations a distribution is measured from"""
-TRAFFIC_FIELDS = ("arrival_rate_rps", "arrival_rate_change_rps", "prompt_tokens_mean",
-                  "prompt_tokens_std", "cotenant_demand_fraction")
-"""the observation's fields that describe the traffic itself: what arrives and what the
-co-tenant asks for, which no decision of the controller changes"""
-CHECKED = TRAFFIC_FIELDS
-"""the fields the guard checks: the traffic's own (see the module docstring for why not the
-engine's state)"""
+CHECKED = ("arrival_rate_rps", "arrival_rate_change_rps", "prompt_tokens_mean",
+           "prompt_tokens_std", "cotenant_demand_fraction")
+"""the fields the guard checks: those that describe the traffic itself (what arrives and what
+the co-tenant asks for), which no decision of the controller changes; see the module docstring
+for why not the engine's state"""
 
 
 def _span(name: str) -> float:
