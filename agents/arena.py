@@ -229,6 +229,7 @@ def controller_row(spec: EvalSpec, name: str, controller: Controller, scale: flo
            "arrival_span_s": float(window.arrival_s[-1]) if len(window) else 0.0,
            **{f"mean_{k}": v for k, v in zip(KNOB_NAMES, ep.mean_knobs)},
            "decision_sources": ep.sources, "fallback_reasons": ep.reasons,
+           "lend_guard_hits": getattr(controller, "lend_guard_hits", None),
            "wall_s": time.perf_counter() - t0}
     onsets = burst_onsets(ep.timeline["arrival_rate"], spec.interval_s)
     if onsets:

@@ -16,8 +16,9 @@ deployment the flags name), for a policy exported before training recorded it: t
 out-of-distribution guard (:mod:`runtime.decider.ood_guard`) then hands control to the PID where
 the live observations leave it.
 
-``--lend-guard 0.9:0.95`` installs it with a lending guard (:mod:`runtime.decider.lend_guard`:
-while more than 90% of the serving pool is in use, the KV ratio is at least 0.95), stamped in
+``--lend-guard 0.9:0.95:30`` installs it with a lending guard (:mod:`runtime.decider.lend_guard`:
+while more than 90% of the serving pool is in use, the KV ratio is at least 0.95, and for 30
+intervals, doubling on each repeat, after lending under 0.95 preempted a request), stamped in
 the installed copy's metadata; the run's own file is left as it was. To measure a guard before
 it serves, install into a scratch folder (``--folder``) and run the arena on
 ``policy:<folder>/policy-<workload>.onnx``.
@@ -51,8 +52,10 @@ class Args(EngineChoice):
     folder: Path | None = None
     """the policy folder (default: the shipped one, checkpoints/shipped)"""
     lend_guard: str | None = None
-    """UTILIZATION:RATIO: while more than UTILIZATION of the serving pool is in use, the KV
-    ratio is at least RATIO (e.g. 0.9:0.95; default: the run's policy as it is)"""
+    """UTILIZATION:RATIO[:HOLD]: while more than UTILIZATION of the serving pool is in use, the
+    KV ratio is at least RATIO, and with HOLD for HOLD intervals (doubling on each repeat) after
+    an interval decided under RATIO preempted (e.g. 0.9:0.95:30; default: the run's policy as
+    it is)"""
     stamp_distribution: str | None = None
     """training traces, as train.py's --trace takes them (TRACE@LOW-HIGH,...): stamp the
     installed copy with the observations the policy meets on their training windows, under the
@@ -60,6 +63,11 @@ class Args(EngineChoice):
     exported without its training distribution; default: the run's policy as it is)"""
     profile: str | None = None
     """the executor profile of --stamp-distribution's replays (default: the shipped one)"""
+    guard_fields: tuple[str, ...] = ()
+    """the observation fields --stamp-distribution's guard checks, some of the traffic's own
+    (runtime.decider.ood_guard.CHECKED; default: all of them): leave one out for a policy
+    whose training met one value of it (cotenant_demand_fraction for a policy trained when
+    every episode met the co-tenant's first minutes)"""
 
 
 def install(run: Path, workload: str, folder: Path,
@@ -95,13 +103,15 @@ def install(run: Path, workload: str, folder: Path,
                     raise ValueError(f"{tmp}: the runtime refuses the stamped policy: "
                                      f"{stamped.last_error}")
             if dst.suffix == ".md" and lend_guard is not None:
+                hold = (f", and for {lend_guard.preemption_hold} intervals (doubling on each "
+                        "repeat) after an interval decided under it preempted"
+                        if lend_guard.preemption_hold else "")
                 with open(tmp, "a") as card:
                     card.write(f"\n## Deployment\n\nInstalled for `{workload}` with a lending "
                                f"guard: while more than {lend_guard.kv_utilization:g} of the "
                                "serving pool is in use, the KV ratio is at least "
-                               f"{lend_guard.kv_cache_ratio:g} (`--lend-guard "
-                               f"{lend_guard.kv_utilization:g}:{lend_guard.kv_cache_ratio:g}`)."
-                               "\n")
+                               f"{lend_guard.kv_cache_ratio:g}{hold} (`--lend-guard "
+                               f"{lend_guard.flag()}`).\n")
             os.replace(tmp, dst)
     policies.save()
     return PolicySet.load(set_path)  # and it reads back: every file it names is there
@@ -109,16 +119,18 @@ def install(run: Path, workload: str, folder: Path,
 
 def measured_distribution(policy: Path, traces: str, choice: Args) -> str:
     """The metadata value of the distribution ``policy`` meets on ``traces``' training windows
-    (:func:`agents.export.replayed_observations`); ValueError naming what is wrong."""
+    (:func:`agents.export.replayed_observations`) over ``choice.guard_fields``; ValueError
+    naming what is wrong."""
     from agents.export import replayed_observations
     from agents.training import parse_traces
-    from runtime.decider.ood_guard import ObservationDistribution
+    from runtime.decider.ood_guard import CHECKED, ObservationDistribution, checked_fields
 
     if not policy.is_file():
         raise ValueError(f"{policy}: no exported policy in the run folder")
+    fields = checked_fields(choice.guard_fields or CHECKED)  # before the replays
     observations = replayed_observations(policy, parse_traces(traces, (0.5, 2.5)),
                                          config=choice.engine_config(), profile=choice.profile)
-    return ObservationDistribution.measure(observations).metadata()
+    return ObservationDistribution.measure(observations, fields=fields).metadata()
 
 
 def main(argv: list[str] | None = None) -> int:

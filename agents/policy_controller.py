@@ -43,6 +43,13 @@ class PolicyController:
         policy = self.decider.policy
         if policy is not None and policy.ood_guard is not None:
             policy.ood_guard.reset()
+        if policy is not None and policy.lend_latch is not None:
+            policy.lend_latch.reset()
+
+    @property
+    def lend_guard_hits(self) -> int:
+        """the policy's decisions whose KV ratio its lending guard raised"""
+        return self.decider.lend_guard_hits
 
     def decide(self, observation: np.ndarray) -> Decision:
         return self.decider.decide(observation)

@@ -114,16 +114,20 @@ def markdown_table(rows: Sequence[dict], capacity: Sequence[dict],
 
 def decided_by(r: dict) -> str:
     """Who decided a row's intervals, as shares, with the fallback reasons of a policy's row
-    (``policy 91%, pid 9% (out of distribution 9%)``); ``-`` for a controller deciding alone."""
+    (``policy 91%, pid 9% (out of distribution 9%)``) and the share of them whose KV ratio the
+    lending guard raised; ``-`` for a controller deciding alone, unguarded."""
     sources = r.get("decision_sources") or {}
     total = sum(sources.values())
-    if len(sources) < 2 or not total:
+    hits = r.get("lend_guard_hits") or 0
+    if (len(sources) < 2 and not hits) or not total:
         return "-"
     text = ", ".join(f"{s} {n / total:.0%}" for s, n in sorted(sources.items(),
                                                                 key=lambda kv: -kv[1]))
     reasons = r.get("fallback_reasons") or {}
     if reasons:
         text += " (" + ", ".join(f"{k} {n / total:.0%}" for k, n in reasons.items()) + ")"
+    if hits:
+        text += f"; the lending floor {hits / total:.0%}"
     return text
 
 

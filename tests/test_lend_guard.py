@@ -35,7 +35,9 @@ def test_the_floor_holds_only_above_the_threshold_and_only_raises_the_ratio():
 
 
 @pytest.mark.parametrize("text, message", [
-    ("0.9", "UTILIZATION:RATIO"), ("a:0.9", "UTILIZATION:RATIO"), ("0.9:0.9:1", "UTILIZATION"),
+    ("0.9", "UTILIZATION:RATIO"), ("a:0.9", "UTILIZATION:RATIO"),
+    ("0.9:0.9:1:2", "UTILIZATION:RATIO[:HOLD]"), ("0.9:0.9:1.5", "UTILIZATION:RATIO[:HOLD]"),
+    ("0.9:0.95:-1", "preemption_hold must be a whole number"),
     ("1.0:0.95", "kv_utilization must be in (0, 1)"), ("0:0.95", "kv_utilization"),
     ("nan:0.95", "kv_utilization"), ("0.9:0.2", "kv_cache_ratio must be in [0.4, 0.95]"),
     ("0.9:1.5", "kv_cache_ratio"),
@@ -47,7 +49,9 @@ def test_a_bad_flag_is_refused_naming_what_is_wrong(text, message):
 
 @pytest.mark.parametrize("text", ['{"kv_utilization": 0.9}', "[0.9, 0.95]", "not json",
                                   '{"kv_utilization": true, "kv_cache_ratio": 0.95}',
-                                  '{"kv_utilization": 0.9, "kv_cache_ratio": 0.95, "x": 1}'])
+                                  '{"kv_utilization": 0.9, "kv_cache_ratio": 0.95, "x": 1}',
+                                  '{"kv_utilization": 0.9, "kv_cache_ratio": 0.95, '
+                                  '"preemption_hold": 2.5}'])
 def test_malformed_metadata_is_refused(text):
     with pytest.raises(ValueError, match=LEND_GUARD_KEY):
         LendGuard.from_metadata(text)
@@ -55,6 +59,10 @@ def test_malformed_metadata_is_refused(text):
 
 def test_the_metadata_reads_back_as_the_same_guard():
     assert LendGuard.from_metadata(GUARD.metadata()) == GUARD == LendGuard.parse_flag("0.9:0.95")
+    held = LendGuard.parse_flag("0.9:0.95:30")
+    assert held.preemption_hold == 30 and LendGuard.from_metadata(held.metadata()) == held
+    assert held.flag() == "0.9:0.95:30" and GUARD.flag() == "0.9:0.95"
+    assert "preemption_hold" not in GUARD.metadata()  # an older runtime reads it as before
 
 
 # --- on the decider's paths (the policies are exported from torch MLPs) ----------------------
@@ -115,6 +123,54 @@ def test_a_batch_is_guarded_row_by_row_as_one_decision_is():
     assert [round(b.knobs.kv_cache_ratio, 3) for b in batch] == [0.4, 0.95, 0.4, 0.95]
 
 
+HELD = LendGuard.of(0.9, 0.95, preemption_hold=3)
+
+
+def test_a_hold_keeps_the_floor_after_lending_preempted_and_doubles_when_it_does_again():
+    from runtime.decider.lend_guard import LendLatch
+
+    lent = Knobs(5.0, 2048, 0.5)
+    preempted = observation(lent, preemptions=2.0)
+    calm = observation(lent)
+    served = observation(Knobs(5.0, 2048, 0.95), preemptions=2.0)  # at the floor: not lending
+    latch = LendLatch(HELD)
+    assert not latch.observe(calm) and not latch.observe(served)
+    assert [latch.observe(preempted)] + [latch.observe(calm) for _ in range(3)] == [
+        True, True, True, False]  # three intervals from the one that preempted
+    assert latch.trips == 1
+    # lending preempted again: a hold of six intervals; still preempting when it ends, a third
+    # of twelve starts at once
+    assert [latch.observe(preempted) for _ in range(6)] == [True] * 6
+    assert latch.trips == 2 and latch.left == 0
+    assert latch.observe(calm) is False  # a calm interval ends nothing and starts nothing
+    assert latch.observe(preempted) and latch.trips == 3 and latch.left == 11
+    latch.reset()
+    assert latch.trips == 0 and not latch.observe(calm)
+    # without a hold the guard never holds
+    assert not LendLatch(GUARD).observe(preempted) and not GUARD.lent_and_preempted(preempted)
+
+
+def test_the_hold_runs_in_the_embedded_runtime_and_a_client_is_judged_alone():
+    d = decider(guarded_policy(guard=HELD.metadata()))
+    lent = Knobs(5.0, 2048, 0.4)
+    ratios = [d.decide(observation(lent, kv_utilization=0.5,
+                                   preemptions=p)).knobs.kv_cache_ratio
+              for p in (0.0, 1.0, 0.0, 0.0, 0.0)]
+    assert [round(r, 2) for r in ratios] == [0.4, 0.95, 0.95, 0.95, 0.4]
+    described = d.describe()["lend_latch"]
+    assert described == {"preemption_hold": 3, "trips": 1, "holding_intervals": 0}
+    assert d.lend_guard_hits == 3
+    # a client's observation: only one that shows preemptions under the floor gets it, and a
+    # batch agrees with the single route row by row
+    client = decider(guarded_policy(guard=HELD.metadata()))
+    rows = np.stack([observation(lent, preemptions=p) for p in (1.0, 0.0, 0.0)])
+    one = [client.decide(r, client=True).knobs.kv_cache_ratio for r in rows]
+    assert [round(r, 2) for r in one] == [0.95, 0.4, 0.4]
+    assert [b.knobs for b in client.decide_batch(rows)] == [
+        client.decide(r, client=True).knobs for r in rows]
+    assert client.describe()["lend_latch"]["trips"] == 0  # clients never feed it
+
+
 def test_a_policy_with_malformed_guard_metadata_is_refused_and_the_pid_decides():
     from runtime.decider.onnx_policy import PolicyLoadError
 
@@ -142,3 +198,44 @@ def test_install_stamps_the_guard_in_the_installed_copy_only(tmp_path: Path):
                                                               "kv_cache_ratio": 0.95}
     assert OnnxPolicy.load(run / "policy.onnx").lend_guard is None
     assert "--lend-guard 0.9:0.95" in (folder / "card-mixed.md").read_text()
+
+
+def test_rest_floors_a_preempting_observation_and_shows_the_holds(tmp_path: Path):
+    pytest.importorskip("torch")
+    import torch
+    from fastapi.testclient import TestClient
+
+    from runtime.api.settings import Settings
+    from runtime.server import create_app
+    from tests.conftest import raw_fields
+    from tests.policy_factory import make_mlp, write_policy
+
+    mlp = make_mlp()
+    with torch.no_grad():
+        mlp[-1].weight.zero_()
+        mlp[-1].bias.copy_(torch.tensor(LENDING))
+    path = write_policy(tmp_path / "policy.onnx", mlp, policy_version="held",
+                        metadata={LEND_GUARD_KEY: HELD.metadata()})
+    client = TestClient(create_app(Settings(policy_dir=str(tmp_path),
+                                            policy_file=path.name)))
+    lent = Knobs(5.0, 2048, 0.4)
+    r = client.post("/v1/decide", json=raw_fields(lent, preemptions=3.0))
+    assert r.status_code == 200, r.text
+    assert r.json()["knobs"]["kv_cache_ratio"] == pytest.approx(0.95)
+    calm = client.post("/v1/decide", json=raw_fields(lent)).json()
+    assert calm["knobs"]["kv_cache_ratio"] == pytest.approx(0.40)  # judged alone: no hold
+    policy = client.get("/v1/policy").json()
+    assert policy["lend_latch"] == {"preemption_hold": 3, "trips": 0, "holding_intervals": 0}
+    assert policy["lend_guard_hits"] == 1
+    metrics = client.get("/metrics").text
+    assert "batchpilot_lend_hold_trips 0.0" in metrics
+    assert "batchpilot_lend_holding 0.0" in metrics
+
+
+def test_the_arenas_decided_by_column_gives_the_floors_share():
+    from agents.report import decided_by
+
+    assert decided_by({"decision_sources": {"policy": 200}, "lend_guard_hits": 50}) == (
+        "policy 100%; the lending floor 25%")
+    assert decided_by({"decision_sources": {"policy": 200}, "lend_guard_hits": 0}) == "-"
+    assert decided_by({"decision_sources": {"static": 10}}) == "-"

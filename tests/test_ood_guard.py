@@ -68,6 +68,23 @@ def test_only_the_traffic_is_judged_not_the_state_the_controllers_own_decisions_
     assert CHECKED[DIST.outside(lent)] == "cotenant_demand_fraction"
 
 
+def test_a_distribution_of_some_fields_judges_only_those():
+    # a policy stamped without the co-tenant's demand (it met one demand in training) is not
+    # handed over for a demand it never met, and still is for traffic it never saw
+    some = ObservationDistribution.measure(
+        trained_on(), fields=("prompt_tokens_mean", "arrival_rate_rps"))
+    assert some.fields == ("arrival_rate_rps", "prompt_tokens_mean")  # in the checked order
+    lent = observation(prompt_tokens_mean=1200.0, arrival_rate_rps=5.0,
+                       cotenant_demand_fraction=0.5)
+    assert some.outside(lent) is None and DIST.outside(lent) is not None
+    assert some.fields[some.outside(LONG)] == "prompt_tokens_mean"
+    assert ObservationDistribution.from_metadata(some.metadata()) == some
+    with pytest.raises(ValueError, match="waiting_requests"):
+        ObservationDistribution.measure(trained_on(), fields=("waiting_requests",))
+    with pytest.raises(ValueError, match="none"):
+        ObservationDistribution.measure(trained_on(), fields=())
+
+
 def test_the_embedded_guard_waits_a_few_intervals_and_gives_control_back_after_a_calm_window():
     g = OodGuard(DIST)
     d = DIST
@@ -207,3 +224,14 @@ def test_install_stamps_the_distribution_a_policy_meets_on_its_training_windows(
     assert guard is not None and guard.distribution.samples >= MIN_SAMPLES
     # what the policy saw: two requests a second, prompts of the conversation trace's lengths
     assert guard.distribution.outside(LONG) is not None
+    assert guard.distribution.fields == CHECKED
+    # a field the guard does not check is refused before any replay, and nothing is written
+    assert install_main(["--run", str(run), "--workload", "other", "--folder", str(folder),
+                         "--stamp-distribution", f"{trace}@0.5-1",
+                         "--guard-fields", "waiting_requests"]) == 2
+    assert not (folder / "policy-other.onnx").exists()
+    assert install_main(["--run", str(run), "--workload", "other", "--folder", str(folder),
+                         "--stamp-distribution", f"{trace}@0.5-1", "--guard-fields",
+                         "prompt_tokens_mean", "arrival_rate_rps"]) == 0
+    some = GuardedDecider(folder / "policy-other.onnx").policy.ood_guard.distribution
+    assert some.fields == ("arrival_rate_rps", "prompt_tokens_mean")

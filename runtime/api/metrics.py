@@ -49,6 +49,14 @@ class _DeciderState(Collector):
                                 "client observations outside the policy's training "
                                 "distribution, decided by the PID, since the policy loaded",
                                 value=ood.client_out if ood is not None else 0)
+        latch = policy.lend_latch if policy is not None else None
+        yield GaugeMetricFamily("batchpilot_lend_hold_trips",
+                                "holds of the lending guard's floor after lending preempted, "
+                                "since the policy loaded (0 without a hold)",
+                                value=latch.trips if latch is not None else 0)
+        yield GaugeMetricFamily("batchpilot_lend_holding",
+                                "1 while a hold of the lending guard's floor runs",
+                                value=1.0 if latch is not None and latch.left > 0 else 0.0)
 
 
 class ServerMetrics:

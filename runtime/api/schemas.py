@@ -179,6 +179,19 @@ class RecentOut(BaseModel):
     """the commonest fallback reason in the window"""
 
 
+class LendLatchOut(BaseModel):
+    """The lending guard's holds after lending preempted (runtime/decider/lend_guard.py)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+    preemption_hold: int
+    """intervals a hold starts with, doubling on each repeat"""
+    trips: int
+    """holds started since the policy was loaded"""
+    holding_intervals: int
+    """intervals the current hold has still to run (0: none runs)"""
+
+
 class PolicyOut(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
@@ -197,6 +210,9 @@ class PolicyOut(BaseModel):
     lend_guard_hits: int
     """policy decisions whose KV ratio the policy's lending guard raised (its metadata
     ``batchpilot.lend_guard`` holds the guard)"""
+    lend_latch: LendLatchOut | None = None
+    """the lending guard's holds in the runtime this server drives (None: the policy's guard
+    holds none)"""
     ood_guard: OodGuardOut | None = None
     """the policy's out-of-distribution guard (None: the policy carries no training
     distribution, ``batchpilot.obs_distribution``)"""

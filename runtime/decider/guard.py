@@ -24,7 +24,8 @@ Per decision, in order:
    :func:`runtime.knobs.action_to_knobs` maps the action to knobs. A policy that carries a
    lending guard (:mod:`runtime.decider.lend_guard`) has its KV ratio raised to the guard's
    floor, after the slew limit, while the observation's pool is fuller than the guard's
-   threshold (the decision stays the policy's; ``lend_guard_hits`` counts them).
+   threshold, or while a hold after lending preempted runs (the decision stays the policy's;
+   ``lend_guard_hits`` counts them).
 
 ``decide`` never raises: any exception becomes a PID or static decision whose ``reason`` says
 why, and the exception text is kept in ``last_error``.
@@ -70,7 +71,12 @@ from runtime.decider.decision import (
     Decision,
     Source,
 )
-from runtime.decider.lend_guard import RATIO_INDEX, UTILIZATION_INDEX
+from runtime.decider.lend_guard import (
+    PREEMPTED,
+    PREEMPTIONS_INDEX,
+    RATIO_INDEX,
+    UTILIZATION_INDEX,
+)
 from runtime.decider.onnx_policy import DEFAULT_MAX_POLICY_BYTES, OnnxPolicy, PolicyLoadError
 from runtime.decider.pid import PidController
 from runtime.decider.window import DecisionWindow
@@ -323,7 +329,10 @@ class GuardedDecider:
                 knobs = self._knobs(a, v)
             else:
                 limited = slew_limit_one(a, v[-NUM_KNOBS:], self.max_step)
-                floored = policy.lend_guard.floor(limited, v[UTILIZATION_INDEX])
+                latch = policy.lend_latch
+                holding = (latch.observe(v) if feed_breaker and latch is not None
+                           else policy.lend_guard.lent_and_preempted(v))
+                floored = policy.lend_guard.floor(limited, v[UTILIZATION_INDEX], holding)
                 if floored is not None:
                     self.lend_guard_hits += 1
                 knobs = action_to_knobs(limited if floored is None else floored)
@@ -396,8 +405,12 @@ class GuardedDecider:
                 if lend is not None:
                     # in float64, as one decision compares it (float32 against a Python
                     # float would compare in float32)
-                    low = ((x[:, UTILIZATION_INDEX].astype(np.float64) > lend.kv_utilization)
-                           & (limited[:, RATIO_INDEX] < lend.ratio_action))
+                    pressed = x[:, UTILIZATION_INDEX].astype(np.float64) > lend.kv_utilization
+                    if lend.preemption_hold:  # each client row judged alone, as one decision
+                        pressed |= ((x[:, PREEMPTIONS_INDEX].astype(np.float64) > PREEMPTED)
+                                    & (x[:, OBS_DIM - NUM_KNOBS + RATIO_INDEX]
+                                       .astype(np.float64) < lend.ratio_action))
+                    low = pressed & (limited[:, RATIO_INDEX] < lend.ratio_action)
                     limited[low, RATIO_INDEX] = lend.ratio_action
                     self.lend_guard_hits += int(low.sum())
                 # numpy's stubs type all(axis=...) as a scalar or an array
@@ -472,6 +485,8 @@ class GuardedDecider:
             "num_reloads": self.num_reloads,
             "num_failed_reloads": self.num_failed_reloads,
             "lend_guard_hits": self.lend_guard_hits,
+            "lend_latch": (policy.lend_latch.describe()
+                           if policy is not None and policy.lend_latch is not None else None),
             "ood_guard": (policy.ood_guard.describe()
                           if policy is not None and policy.ood_guard is not None
                           and self.ood_guard else None),

@@ -73,7 +73,7 @@ import numpy as np
 import onnxruntime as ort
 
 from runtime.decider.decision import BAD_SIGNATURE, MODEL_CORRUPT, MODEL_MISSING, SPEC_MISMATCH
-from runtime.decider.lend_guard import LEND_GUARD_KEY, LendGuard
+from runtime.decider.lend_guard import LEND_GUARD_KEY, LendGuard, LendLatch
 from runtime.decider.ood_guard import OOD_KEY, ObservationDistribution, OodGuard
 from runtime.knobs import NUM_KNOBS
 from runtime.observation import (
@@ -293,6 +293,11 @@ class OnnxPolicy:
                 self.lend_guard = LendGuard.from_metadata(self.metadata[LEND_GUARD_KEY])
             except ValueError as e:
                 raise PolicyLoadError(BAD_SIGNATURE, f"{self._name()}: {e}", path) from None
+        self.lend_latch: LendLatch | None = (
+            LendLatch(self.lend_guard) if self.lend_guard is not None
+            and self.lend_guard.preemption_hold else None)
+        """the embedded runtime's holds of the lending guard (None: the guard holds none); its
+        interval state belongs to the decider that runs the policy"""
         self.ood_guard: OodGuard | None = None
         """the out-of-distribution guard of this policy (None: it carries no distribution); its
         interval state belongs to the decider that runs the policy"""

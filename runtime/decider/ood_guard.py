@@ -78,6 +78,16 @@ the co-tenant asks for), which no decision of the controller changes; see the mo
 for why not the engine's state"""
 
 
+def checked_fields(fields: Sequence[str]) -> tuple[str, ...]:
+    """``fields`` in :data:`CHECKED`'s order; ValueError naming any the guard does not check,
+    or none given."""
+    wrong = [f for f in fields if f not in CHECKED]
+    if wrong or not fields:
+        raise ValueError(f"the guard checks some of {', '.join(CHECKED)}; got "
+                         f"{', '.join(wrong) if wrong else 'none'}")
+    return tuple(f for f in CHECKED if f in fields)
+
+
 def _span(name: str) -> float:
     lo, hi = OBSERVATION_FIELDS[OBSERVATION_INDEX[name]].vector_bounds
     return hi - lo
@@ -128,9 +138,11 @@ class ObservationDistribution:
     def measure(cls, observations: np.ndarray, *, quantiles: tuple[float, float] =
                 DEFAULT_QUANTILES, margin: float = DEFAULT_MARGIN,
                 patience: int = DEFAULT_PATIENCE,
-                window: int = DEFAULT_WINDOW) -> ObservationDistribution:
+                window: int = DEFAULT_WINDOW,
+                fields: Sequence[str] = CHECKED) -> ObservationDistribution:
         """The distribution of ``observations`` (``[n, OBS_DIM]`` vectors as the policy read
-        them); ValueError with fewer than :data:`MIN_SAMPLES` or a non-finite one."""
+        them) over ``fields`` (some of :data:`CHECKED`, in any order); ValueError with fewer
+        than :data:`MIN_SAMPLES` observations, a non-finite one, or a field not checked."""
         x = np.asarray(observations, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != OBS_DIM:
             raise ValueError(f"observations must have shape [n, {OBS_DIM}], got {list(x.shape)}")
@@ -139,10 +151,11 @@ class ObservationDistribution:
                              f"observations, got {len(x)}")
         if not np.isfinite(x).all():
             raise ValueError("the training observations hold NaN or an infinity")
-        idx = [OBSERVATION_INDEX[f] for f in CHECKED]
+        names = checked_fields(fields)
+        idx = [OBSERVATION_INDEX[f] for f in names]
         q = np.quantile(x[:, idx], quantiles, axis=0)
-        spans = np.array([_span(f) for f in CHECKED])
-        return cls(CHECKED, tuple((q[0] - margin * spans).tolist()),
+        spans = np.array([_span(f) for f in names])
+        return cls(names, tuple((q[0] - margin * spans).tolist()),
                    tuple((q[1] + margin * spans).tolist()), len(x),
                    (float(quantiles[0]), float(quantiles[1])), margin, patience, window)
 
