@@ -38,7 +38,7 @@ from agents.export import stamp_metadata
 from env.engine_choice import EngineChoice
 from runtime.decider.guard import GuardedDecider
 from runtime.decider.lend_guard import LEND_GUARD_KEY, LendGuard
-from runtime.decider.ood_guard import OOD_KEY
+from runtime.decider.ood_guard import CHECKED, OOD_KEY, ObservationDistribution
 from runtime.decider.policy_set import POLICY_SET_FILE, PolicySet
 from runtime.locations import shipped_policy_dir
 
@@ -72,10 +72,13 @@ class Args(EngineChoice):
 
 def install(run: Path, workload: str, folder: Path,
             lend_guard: LendGuard | None = None,
-            distribution: str | None = None) -> PolicySet:
+            distribution: str | None = None,
+            stamped_from: str | None = None) -> PolicySet:
     """Copy ``run``'s policy and card into ``folder`` for ``workload`` and name them in the
-    folder's policy set, the policy with ``lend_guard`` stamped in when given; returns the
-    updated set. Raises ValueError (a PolicySetError for the set) naming what is wrong."""
+    folder's policy set, the policy with ``lend_guard`` and ``distribution`` (a metadata value,
+    measured on ``stamped_from``'s training windows) stamped in when given, and the card saying
+    so; returns the updated set. Raises ValueError (a PolicySetError for the set) naming what
+    is wrong."""
     source = run / "policy.onnx"
     if not source.is_file():
         raise ValueError(f"{source}: no exported policy in the run folder")
@@ -102,19 +105,36 @@ def install(run: Path, workload: str, folder: Path,
                 if stamped.policy is None:
                     raise ValueError(f"{tmp}: the runtime refuses the stamped policy: "
                                      f"{stamped.last_error}")
-            if dst.suffix == ".md" and lend_guard is not None:
-                hold = (f", and for {lend_guard.preemption_hold} intervals (doubling on each "
-                        "repeat) after an interval decided under it preempted"
-                        if lend_guard.preemption_hold else "")
+            notes = deployment_notes(lend_guard, distribution, stamped_from)
+            if dst.suffix == ".md" and notes:
                 with open(tmp, "a") as card:
-                    card.write(f"\n## Deployment\n\nInstalled for `{workload}` with a lending "
-                               f"guard: while more than {lend_guard.kv_utilization:g} of the "
-                               "serving pool is in use, the KV ratio is at least "
-                               f"{lend_guard.kv_cache_ratio:g}{hold} (`--lend-guard "
-                               f"{lend_guard.flag()}`).\n")
+                    card.write(f"\n## Deployment\n\nInstalled for `{workload}` " + "; ".join(
+                        notes) + ".\n")
             os.replace(tmp, dst)
     policies.save()
     return PolicySet.load(set_path)  # and it reads back: every file it names is there
+
+
+def deployment_notes(lend_guard: LendGuard | None, distribution: str | None,
+                     stamped_from: str | None) -> list[str]:
+    """What the card's deployment section says of the guards stamped in."""
+    notes = []
+    if lend_guard is not None:
+        hold = (f", and for {lend_guard.preemption_hold} intervals (doubling on each repeat) "
+                "after an interval decided under it preempted" if lend_guard.preemption_hold
+                else "")
+        notes.append(f"with a lending guard: while more than {lend_guard.kv_utilization:g} "
+                     "of the serving pool is in use, the KV ratio is at least "
+                     f"{lend_guard.kv_cache_ratio:g}{hold} (`--lend-guard "
+                     f"{lend_guard.flag()}`)")
+    if distribution is not None:
+        fields = ObservationDistribution.from_metadata(distribution).fields
+        notes.append(f"with an out-of-distribution guard on {', '.join(fields)}, measured on "
+                     "its own replays of "
+                     + (f"`{stamped_from}`'s training windows" if stamped_from else
+                        "its training windows")
+                     + (f" (`--guard-fields {' '.join(fields)}`)" if fields != CHECKED else ""))
+    return notes
 
 
 def measured_distribution(policy: Path, traces: str, choice: Args) -> str:
@@ -123,7 +143,7 @@ def measured_distribution(policy: Path, traces: str, choice: Args) -> str:
     naming what is wrong."""
     from agents.export import replayed_observations
     from agents.training import parse_traces
-    from runtime.decider.ood_guard import CHECKED, ObservationDistribution, checked_fields
+    from runtime.decider.ood_guard import checked_fields
 
     if not policy.is_file():
         raise ValueError(f"{policy}: no exported policy in the run folder")
@@ -142,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.stamp_distribution:
             distribution = measured_distribution(args.run / "policy.onnx",
                                                  args.stamp_distribution, args)
-        policies = install(args.run, args.workload, folder, guard, distribution)
+        policies = install(args.run, args.workload, folder, guard, distribution,
+                           args.stamp_distribution or None)
     except ValueError as e:  # PolicySetError among them
         print(f"error: {e}", file=sys.stderr)
         return 2

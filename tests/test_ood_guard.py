@@ -214,6 +214,7 @@ def test_install_stamps_the_distribution_a_policy_meets_on_its_training_windows(
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(FIXTURES / "policy-test-1.onnx", run / "policy.onnx")
+    (run / "card.md").write_text("# card\n")
     before = (run / "policy.onnx").read_bytes()
     folder = tmp_path / "set"
     assert install_main(["--run", str(run), "--workload", "mine", "--folder", str(folder),
@@ -235,3 +236,8 @@ def test_install_stamps_the_distribution_a_policy_meets_on_its_training_windows(
                          "prompt_tokens_mean", "arrival_rate_rps"]) == 0
     some = GuardedDecider(folder / "policy-other.onnx").policy.ood_guard.distribution
     assert some.fields == ("arrival_rate_rps", "prompt_tokens_mean")
+    # the card says how it was installed
+    assert f"replays of `{trace}@0.5-1`'s training windows" in (
+        folder / "card-mine.md").read_text()
+    assert "--guard-fields arrival_rate_rps prompt_tokens_mean" in (
+        folder / "card-other.md").read_text()

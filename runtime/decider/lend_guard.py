@@ -56,7 +56,7 @@ if _field.transform != "log" or _field.low != 0.0:
 PREEMPTED = math.log1p(0.5) / math.log1p(_field.high)
 """a vector's preemptions field above this is at least one preempted request"""
 MAX_HOLD_DOUBLINGS = 8
-"""a hold doubles at most this many times (30 intervals grow to 7,680: 32 minutes at 0.25 s)"""
+"""a hold doubles at most this many times (480 intervals, 2 minutes at 0.25 s, grow to 8.5 hours)"""
 RATIO_INDEX = KNOB_NAMES.index("kv_cache_ratio")
 """the KV ratio's place in an action"""
 _RATIO_SPEC = KNOB_SPECS[RATIO_INDEX]
