@@ -42,8 +42,8 @@ from agents.registry import BASELINES, HINDSIGHT, EvalSpec, make_controller
 from agents.report import fixed_settings_table, markdown_table, plot, scorecard_table, write_json
 from agents.scorecard import REFERENCE
 from agents.vllm_arena import VllmArena, main_vllm
+from agents.windows import split_trace
 from env.engine_choice import EngineChoice
-from env.traces.resolve import resolve_trace
 from runtime.engine.roofline import ProfileChoice
 from runtime.knobs import KNOB_NAMES, KNOB_SPECS
 from runtime.session import DEFAULT_INTERVAL_S
@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         grid = parse_grid(cfg.static_grid) if cfg.static_grid else None
         spec = EvalSpec(traces[0], cfg.split, profile, cfg.interval_s, config,
                         tuning_scales=tuning, oracle=cfg.oracle, static_grid=grid)
-        for t in traces:
-            resolve_trace(t)  # fail fast on a missing or unreadable trace
+        for t in traces:  # fail fast on a missing or unreadable trace, or one too short
+            split_trace(t, cfg.split)
         for c in controllers:
             if c not in ("best-static", HINDSIGHT, *SEARCH_NAMES):  # these search first
                 make_controller(c, spec)  # fail fast on a bad name or policy file

@@ -134,6 +134,20 @@ def test_evaluate_command_refuses_bad_load_neighbours(value, says):
     assert says in out.stderr
 
 
+def test_a_trace_too_short_for_its_held_out_part_is_refused_before_any_run(tmp_path):
+    """A 300 s trace has no held-out part (it starts at 2,400 s): refused at once, naming the
+    trace and the part, not after best static's search has run."""
+    from env.traces.plain_csv import write_plain_csv
+
+    short = write_plain_csv(poisson(1.0, 300.0, seed=1), tmp_path / "short.csv")
+    out = subprocess.run([sys.executable, "-m", "agents.evaluate", "--trace", str(short),
+                          "--controllers", "static,best-static", "--rate-scales", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "trace 'short' has no request in its eval part" in out.stderr
+    assert "best static" not in out.stderr.lower()  # no search began
+
+
 def test_evaluate_command_keeps_the_oracle_row_on_the_trace_future():
     out = subprocess.run([sys.executable, "-m", "agents.evaluate", "--controllers", "oracle",
                           "--oracle.arrivals", "repeat"],
