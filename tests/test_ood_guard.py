@@ -217,27 +217,22 @@ def test_install_stamps_the_distribution_a_policy_meets_on_its_training_windows(
     (run / "card.md").write_text("# card\n")
     before = (run / "policy.onnx").read_bytes()
     folder = tmp_path / "set"
+    # a field the guard does not check is refused before any replay, and nothing is written
     assert install_main(["--run", str(run), "--workload", "mine", "--folder", str(folder),
-                         "--stamp-distribution", f"{trace}@0.5-1"]) == 0
+                         "--stamp-distribution", f"{trace}@0.5-1",
+                         "--guard-fields", "waiting_requests"]) == 2
+    assert not (folder / "policy-mine.onnx").exists()
+    assert install_main(["--run", str(run), "--workload", "mine", "--folder", str(folder),
+                         "--stamp-distribution", f"{trace}@0.5-1", "--guard-fields",
+                         "prompt_tokens_mean", "arrival_rate_rps"]) == 0
     assert (run / "policy.onnx").read_bytes() == before
     d = GuardedDecider(folder / "policy-mine.onnx")
     guard = d.policy.ood_guard
     assert guard is not None and guard.distribution.samples >= MIN_SAMPLES
+    assert guard.distribution.fields == ("arrival_rate_rps", "prompt_tokens_mean")
     # what the policy saw: two requests a second, prompts of the conversation trace's lengths
     assert guard.distribution.outside(LONG) is not None
-    assert guard.distribution.fields == CHECKED
-    # a field the guard does not check is refused before any replay, and nothing is written
-    assert install_main(["--run", str(run), "--workload", "other", "--folder", str(folder),
-                         "--stamp-distribution", f"{trace}@0.5-1",
-                         "--guard-fields", "waiting_requests"]) == 2
-    assert not (folder / "policy-other.onnx").exists()
-    assert install_main(["--run", str(run), "--workload", "other", "--folder", str(folder),
-                         "--stamp-distribution", f"{trace}@0.5-1", "--guard-fields",
-                         "prompt_tokens_mean", "arrival_rate_rps"]) == 0
-    some = GuardedDecider(folder / "policy-other.onnx").policy.ood_guard.distribution
-    assert some.fields == ("arrival_rate_rps", "prompt_tokens_mean")
     # the card says how it was installed
-    assert f"replays of `{trace}@0.5-1`'s training windows" in (
-        folder / "card-mine.md").read_text()
-    assert "--guard-fields arrival_rate_rps prompt_tokens_mean" in (
-        folder / "card-other.md").read_text()
+    card = (folder / "card-mine.md").read_text()
+    assert f"replays of `{trace}@0.5-1`'s training windows" in card
+    assert "--guard-fields arrival_rate_rps prompt_tokens_mean" in card
