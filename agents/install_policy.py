@@ -8,7 +8,9 @@ policies.json`` (created when there is none, with the folder's ``policy.onnx`` a
 or this policy where the folder has none). The server
 then serves it with ``BATCHPILOT_WORKLOAD=<workload>``, and the arena runs it on that trace with
 ``policy:<folder>/policies.json``. The policy is checked by the runtime's decider before
-anything is written: a policy the runtime would refuse is never installed.
+anything is written: a policy the runtime would refuse is never installed. ``--workload default``
+installs it as the set's default instead (``<folder>/policy.onnx`` and ``card.md``: the policy
+of every workload the set does not name).
 
 ``--stamp-distribution azure-code@0.3-1.2`` stamps the installed copy with the distribution of
 the observations the policy meets on those traces' training windows (its own replays, under the
@@ -42,13 +44,19 @@ from runtime.decider.ood_guard import CHECKED, OOD_KEY, ObservationDistribution
 from runtime.decider.policy_set import POLICY_SET_FILE, PolicySet
 from runtime.locations import shipped_policy_dir
 
+DEFAULT_WORKLOAD = "default"
+"""the --workload that installs a policy as the set's default"""
+DEFAULT_POLICY = "policy.onnx"
+"""the default policy's file in a set installed here"""
+
 
 @dataclass(kw_only=True)
 class Args(EngineChoice):
     run: Path
     """the run folder train.py wrote (its policy.onnx and card.md)"""
     workload: str
-    """the workload the policy is for: a trace alias (azure-code) or a trace file's stem"""
+    """the workload the policy is for: a trace alias (azure-code) or a trace file's stem; or
+    default, the set's default policy (the policy of every workload the set does not name)"""
     folder: Path | None = None
     """the policy folder (default: the shipped one, checkpoints/shipped)"""
     lend_guard: str | None = None
@@ -86,14 +94,17 @@ def install(run: Path, workload: str, folder: Path,
     if decider.policy is None:
         raise ValueError(f"{source}: the runtime refuses this policy: {decider.last_error}")
     set_path = folder / POLICY_SET_FILE
-    name = f"policy-{workload}.onnx"
-    default = "policy.onnx" if (folder / "policy.onnx").is_file() else name
+    as_default = workload == DEFAULT_WORKLOAD
+    name = DEFAULT_POLICY if as_default else f"policy-{workload}.onnx"
+    card = "card.md" if as_default else f"card-{workload}.md"
+    default = DEFAULT_POLICY if (folder / DEFAULT_POLICY).is_file() else name
     policies = (PolicySet.load(set_path) if set_path.exists()
                 else PolicySet(set_path, default,
                                doc="one policy per workload: batchpilot install-policy"))
-    policies = policies.with_workload(workload, name)  # checks the names before any copy
+    policies = (PolicySet(set_path, name, policies.workloads, policies.doc) if as_default
+                else policies.with_workload(workload, name))  # names checked before any copy
     folder.mkdir(parents=True, exist_ok=True)
-    for src, dst in ((source, folder / name), (run / "card.md", folder / f"card-{workload}.md")):
+    for src, dst in ((source, folder / name), (run / "card.md", folder / card)):
         if src.is_file():
             tmp = dst.with_suffix(dst.suffix + ".tmp")
             shutil.copyfile(src, tmp)
@@ -108,8 +119,10 @@ def install(run: Path, workload: str, folder: Path,
             notes = deployment_notes(lend_guard, distribution, stamped_from)
             if dst.suffix == ".md" and notes:
                 with open(tmp, "a") as card:
-                    card.write(f"\n## Deployment\n\nInstalled for `{workload}` " + "; ".join(
-                        notes) + ".\n")
+                    where = ("as the set's default (the policy of every workload the set does "
+                             "not name)" if as_default else f"for `{workload}`")
+                    card.write(f"\n## Deployment\n\nInstalled {where} " + "; ".join(notes)
+                               + ".\n")
             os.replace(tmp, dst)
     policies.save()
     return PolicySet.load(set_path)  # and it reads back: every file it names is there
@@ -167,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # PolicySetError among them
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{policies.path}: {args.workload} -> {policies.workloads[args.workload]} "
+    print(f"{policies.path}: {args.workload} -> "
+          f"{policies.workloads.get(args.workload, policies.default)} "
           f"(default {policies.default})")
     return 0
 

@@ -52,3 +52,27 @@ def test_a_policy_the_runtime_refuses_or_a_bad_name_installs_nothing(tmp_path, f
     code = install_main(["--run", str(run), "--workload", workload, "--folder", str(folder)])
     assert code == 2 and message in capsys.readouterr().err
     assert not folder.exists() or not any(folder.iterdir())
+
+
+def test_the_default_workload_installs_the_sets_default_and_keeps_the_others(policy_dir,
+                                                                              tmp_path):
+    run = run_folder(tmp_path, policy_dir / "policy-v2.onnx", "# shared card\n")
+    install(run_folder(tmp_path / "code", FIXTURES / "policy-test-1.onnx"), "azure-code",
+            policy_dir)
+    assert install_main(["--run", str(run), "--workload", "default", "--lend-guard", "0.9:0.95",
+                         "--folder", str(policy_dir)]) == 0
+    policies = PolicySet.load(policy_dir / POLICY_SET_FILE)
+    assert (policies.default, policies.workloads) == (
+        "policy.onnx", {"azure-code": "policy-azure-code.onnx"})
+    assert not (policy_dir / "policy-default.onnx").exists()
+    card = (policy_dir / "card.md").read_text()
+    assert card.startswith("# shared card\n") and "Installed as the set's default" in card
+    # a workload the set does not name gets it; the named one keeps its own
+    other = decider_from_settings(Settings(policy_dir=policy_dir, workload="mixed"))
+    assert other.policy.policy_version == "test-2" and other.policy.lend_guard is not None
+    code = decider_from_settings(Settings(policy_dir=policy_dir, workload="azure-code"))
+    assert code.policy.policy_version == "test-1"
+    # into an empty folder it starts the set
+    fresh = tmp_path / "fresh"
+    install(run, "default", fresh)
+    assert PolicySet.load(fresh / POLICY_SET_FILE).default == "policy.onnx"
