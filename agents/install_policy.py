@@ -103,6 +103,7 @@ def install(run: Path, workload: str, folder: Path,
                                doc="one policy per workload: batchpilot install-policy"))
     policies = (PolicySet(set_path, name, policies.workloads, policies.doc) if as_default
                 else policies.with_workload(workload, name))  # names checked before any copy
+    notes = deployment_notes(lend_guard, distribution, stamped_from)
     folder.mkdir(parents=True, exist_ok=True)
     for src, dst in ((source, folder / name), (run / "card.md", folder / card)):
         if src.is_file():
@@ -116,7 +117,6 @@ def install(run: Path, workload: str, folder: Path,
                 if stamped.policy is None:
                     raise ValueError(f"{tmp}: the runtime refuses the stamped policy: "
                                      f"{stamped.last_error}")
-            notes = deployment_notes(lend_guard, distribution, stamped_from)
             if dst.suffix == ".md" and notes:
                 with open(tmp, "a") as card:
                     where = ("as the set's default (the policy of every workload the set does "

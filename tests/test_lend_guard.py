@@ -51,7 +51,9 @@ def test_a_bad_flag_is_refused_naming_what_is_wrong(text, message):
                                   '{"kv_utilization": true, "kv_cache_ratio": 0.95}',
                                   '{"kv_utilization": 0.9, "kv_cache_ratio": 0.95, "x": 1}',
                                   '{"kv_utilization": 0.9, "kv_cache_ratio": 0.95, '
-                                  '"preemption_hold": 2.5}'])
+                                  '"preemption_hold": 2.5}',
+                                  '{"kv_utilization": 0.9, "kv_cache_ratio": 0.95, '
+                                  '"preemption_hold": Infinity}'])
 def test_malformed_metadata_is_refused(text):
     with pytest.raises(ValueError, match=LEND_GUARD_KEY):
         LendGuard.from_metadata(text)

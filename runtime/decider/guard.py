@@ -72,6 +72,7 @@ from runtime.decider.decision import (
     Source,
 )
 from runtime.decider.lend_guard import (
+    CURRENT_RATIO_INDEX,
     PREEMPTED,
     PREEMPTIONS_INDEX,
     RATIO_INDEX,
@@ -408,8 +409,8 @@ class GuardedDecider:
                     pressed = x[:, UTILIZATION_INDEX].astype(np.float64) > lend.kv_utilization
                     if lend.preemption_hold:  # each client row judged alone, as one decision
                         pressed |= ((x[:, PREEMPTIONS_INDEX].astype(np.float64) > PREEMPTED)
-                                    & (x[:, OBS_DIM - NUM_KNOBS + RATIO_INDEX]
-                                       .astype(np.float64) < lend.ratio_action))
+                                    & (x[:, CURRENT_RATIO_INDEX].astype(np.float64)
+                                       < lend.ratio_action))
                     low = pressed & (limited[:, RATIO_INDEX] < lend.ratio_action)
                     limited[low, RATIO_INDEX] = lend.ratio_action
                     self.lend_guard_hits += int(low.sum())

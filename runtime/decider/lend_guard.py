@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from runtime.knobs import DEFAULT_KNOBS, KNOB_NAMES, KNOB_SPECS, knobs_to_action
-from runtime.observation import OBSERVATION_FIELDS, OBSERVATION_INDEX
+from runtime.observation import OBS_DIM, OBSERVATION_FIELDS, OBSERVATION_INDEX
 
 LEND_GUARD_KEY = "batchpilot.lend_guard"
 """the ONNX metadata key that carries a policy's lending guard"""
@@ -59,6 +59,8 @@ MAX_HOLD_DOUBLINGS = 8
 """a hold doubles at most this many times (480 intervals, 2 minutes at 0.25 s, grow to 8.5 hours)"""
 RATIO_INDEX = KNOB_NAMES.index("kv_cache_ratio")
 """the KV ratio's place in an action"""
+CURRENT_RATIO_INDEX = OBS_DIM - len(KNOB_NAMES) + RATIO_INDEX
+"""where the observation vector carries the KV ratio the interval ran with"""
 _RATIO_SPEC = KNOB_SPECS[RATIO_INDEX]
 
 
@@ -123,7 +125,7 @@ class LendGuard(NamedTuple):
                              '{"kv_utilization": ..., "kv_cache_ratio": ...} and optionally '
                              f'"preemption_hold": ..., got {text[:200]!r}')
         hold = value.get("preemption_hold", 0)
-        if hold != int(hold):
+        if not (isinstance(hold, int) or hold.is_integer()):  # a float: NaN and inf are not
             raise ValueError(f"{LEND_GUARD_KEY}: preemption_hold must be a whole number of "
                              f"intervals, got {hold!r}")
         return cls.of(value["kv_utilization"], value["kv_cache_ratio"], int(hold))
@@ -144,7 +146,7 @@ class LendGuard(NamedTuple):
         """Whether the interval the observation vector ``v`` describes ran under the floor and
         preempted a request (what a hold starts from)."""
         return (self.preemption_hold > 0 and v[PREEMPTIONS_INDEX] > PREEMPTED
-                and v[len(v) - len(KNOB_NAMES) + RATIO_INDEX] < self.ratio_action)
+                and v[CURRENT_RATIO_INDEX] < self.ratio_action)
 
     def floor(self, action: Sequence[float], utilization: float,
               holding: bool = False) -> tuple[float, ...] | None:
