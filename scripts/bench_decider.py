@@ -50,13 +50,17 @@ REPO = Path(__file__).resolve().parents[1]
 from runtime.decider.breaker import CircuitBreaker
 from runtime.decider.guard import GuardedDecider
 from runtime.decider.onnx_policy import SPEC_VERSION_KEY, OnnxPolicy, PolicyLoadError
+from runtime.decider.ood_guard import ObservationDistribution
 from runtime.knobs import NUM_KNOBS, Knobs
 from runtime.locations import shipped_policy_dir
 from runtime.observation import (
     OBS_DIM,
+    OBSERVATION_FIELDS,
+    OBSERVATION_INDEX,
     OBSERVATION_NAMES,
     SPEC_ADAPTERS,
     adapt_vector,
+    fields_from_vector,
     vector_from_fields,
 )
 
@@ -105,9 +109,15 @@ def prepare_policies(folder: Path) -> tuple[str, str]:
     return description, "policy-reload.onnx"
 
 
-def observation_pool(n: int, seed: int = 0) -> list[dict[str, float]]:
-    """Varied, plausible named observations with SLO attainment above the breaker's target."""
+def observation_pool(n: int, seed: int = 0,
+                     distribution: ObservationDistribution | None = None
+                     ) -> list[dict[str, float]]:
+    """Varied, plausible named observations with SLO attainment above the breaker's target;
+    with ``distribution`` (the policy's out-of-distribution guard), the fields it checks drawn
+    inside its ranges, so that the policy decides them (outside, the PID would, and the figures
+    would time the fallback)."""
     rng = np.random.default_rng(seed)
+    inside = _inside_ranges(distribution) if distribution is not None else ()
     pool = []
     for _ in range(n):
         knobs = Knobs.clamped(float(np.exp(rng.uniform(np.log(5), np.log(200)))),
@@ -139,8 +149,29 @@ def observation_pool(n: int, seed: int = 0) -> list[dict[str, float]]:
             "cotenant_demand_fraction": float(rng.uniform(0, 0.5)),
             **knobs.as_dict(),
         }
+        if inside:
+            v = vector_from_fields(f)
+            for i, lo, hi in inside:
+                v[i] = rng.uniform(lo, hi)
+            back = fields_from_vector(v)
+            for i, _, _ in inside:
+                name = OBSERVATION_NAMES[i]
+                f[name] = back[name]
         pool.append({k: f[k] for k in OBSERVATION_NAMES})
     return pool
+
+
+def _inside_ranges(distribution: ObservationDistribution) -> list[tuple[int, float, float]]:
+    """(vector index, low, high) for each field the guard checks: its range within the field's
+    vector span, a little inside both ends so that the round trip through raw values stays in."""
+    out = []
+    for name, lo, hi in zip(distribution.fields, distribution.low, distribution.high):
+        f = OBSERVATION_FIELDS[OBSERVATION_INDEX[name]]
+        span_lo = -1.0 if f.transform == "slog" else 0.0
+        lo, hi = max(lo, span_lo), min(hi, 1.0)
+        pad = 0.01 * (hi - lo)
+        out.append((OBSERVATION_INDEX[name], lo + pad, hi - pad))
+    return out
 
 
 # ------------------------------------------------------------------------------ the numpy floor
@@ -208,6 +239,12 @@ def numpy_floor(path: Path) -> Callable[[np.ndarray], np.ndarray]:
     return evaluate
 
 
+def training_distribution(policy_path: Path) -> ObservationDistribution | None:
+    """The distribution the policy's out-of-distribution guard checks, if it has one."""
+    guard = OnnxPolicy.load(policy_path).ood_guard
+    return guard.distribution if guard is not None else None
+
+
 # ----------------------------------------------------------------------------------- in-process
 def percentiles_us(samples_ns: np.ndarray) -> tuple[float, float, float]:
     p50, p99, p999 = np.percentile(samples_ns, [50, 99, 99.9]) / 1e3
@@ -217,15 +254,19 @@ def percentiles_us(samples_ns: np.ndarray) -> tuple[float, float, float]:
 def bench_in_process(policy_path: Path, num_calls: int, rounds: int = 30) -> dict:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
-    pool = [vector_from_fields(f) for f in observation_pool(1024)]
     policy_decider = GuardedDecider(policy_path, breaker=CircuitBreaker(trip_after=0))
+    pool = [vector_from_fields(f)
+            for f in observation_pool(1024, distribution=training_distribution(policy_path))]
     pid_decider = GuardedDecider(None)
     floor = numpy_floor(policy_path)
     policy = policy_decider.policy
     worst = max(float(np.max(np.abs(floor(o) - np.asarray(policy.act(o))))) for o in pool[:64])
     if worst > 1e-4:
         raise RuntimeError(f"the numpy floor differs from the ONNX policy by {worst}")
-    assert all(policy_decider.decide(o).source == "policy" for o in pool[:64])
+    sources = {policy_decider.decide(o).source for o in pool[:64]}
+    if sources != {"policy"}:
+        raise RuntimeError(f"the policy decided not every benchmark observation ({sources}): "
+                           "the figures would time its fallback")
     assert all(pid_decider.decide(o).source == "pid" for o in pool[:64])
     fns = {"decide": policy_decider.decide, "pid": pid_decider.decide, "floor": floor}
     per_round = max(1, num_calls // rounds)
@@ -550,7 +591,8 @@ def main(argv: list[str] | None = None) -> int:
             if hasattr(os, "sched_setaffinity"):  # the client may use every CPU again
                 os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
             token = secrets.token_urlsafe(16)
-            pool = observation_pool(4096, seed=1)
+            pool = observation_pool(4096, seed=1,
+                                    distribution=training_distribution(folder / "policy.onnx"))
             single = [json.dumps(o).encode() for o in pool[:1024]]
             batches = [json.dumps({"observations": pool[i:i + BATCH_SIZE]}).encode()
                        for i in range(0, len(pool), BATCH_SIZE)]
