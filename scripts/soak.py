@@ -532,13 +532,16 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
         per_attack = {}
         for a, name in enumerate(attacks):
             segs = [s for s, which in hostile_segments.items() if which == a]
-            rounds = []
+            rounds, batch_rounds = [], []
             for s in segs:  # against the segments without hostile clients either side
                 near = [x for x in (s - 1, s + 1) if x in singles and x not in hostile_segments]
-                r = _summary(pooled(singles, near), pooled(singles, [s]))["p99_ratio"]
-                rounds.append(r)
+                rounds.append(_summary(pooled(singles, near), pooled(singles, [s]))["p99_ratio"])
+                batch_rounds.append(
+                    _summary(pooled(batches, near), pooled(batches, [s]))["p99_ratio"])
             per_attack[name] = {**_summary(pooled(singles, off), pooled(singles, segs)),
                                 "p99_ratio_by_round": rounds,
+                                "batches": _summary(pooled(batches, off), pooled(batches, segs)),
+                                "batches_p99_ratio_by_round": batch_rounds,
                                 "hostile_status": hostile_status.get(name, {})}
         out["per_attack"] = per_attack
     t = np.array([m[0] for m in memory])
@@ -635,8 +638,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['good_batches']['p99_ratio']:.2f}")
     for name, a in r.get("per_attack", {}).items():
         rounds = ", ".join(f"{x:.2f}" for x in a["p99_ratio_by_round"])
+        batch_rounds = ", ".join(f"{x:.2f}" for x in a["batches_p99_ratio_by_round"])
         print(f"  {name:<16} p99 {a['p99_ms']['with_hostile']:7.2f} ms, ratio "
-              f"{a['p99_ratio']:.2f} (rounds {rounds}); answers {a['hostile_status']}")
+              f"{a['p99_ratio']:.2f} (rounds {rounds}); good batches' ratio "
+              f"{a['batches']['p99_ratio']:.2f} (rounds {batch_rounds}); answers "
+              f"{a['hostile_status']}")
     print(f"  good answers by status: {r['good_status']} (5xx: {r['good_5xx']})")
     if not r["each"]:
         print(f"  hostile answers by status: {r['hostile_status']}")

@@ -37,6 +37,8 @@ def test_one_attack_a_segment_is_reported_apart():
     for name, a in r["per_attack"].items():
         assert a["decisions"]["with_hostile"] > 0, name
         assert len(a["p99_ratio_by_round"]) >= 1, name
+        assert len(a["batches_p99_ratio_by_round"]) == len(a["p99_ratio_by_round"]), name
+        assert a["batches"]["decisions"]["without_hostile"] > 0, name
     assert set(r["per_attack"]["many_headers"]["hostile_status"]) <= {"431"}
 
 
