@@ -94,51 +94,45 @@ def write_policy(path: Path | str, mlp: torch.nn.Module | None = None, **kwargs)
     return path
 
 
-def raising_policy_bytes(trigger_kv_cache_ratio: float = DEFAULT_KNOBS.kv_cache_ratio,
-                         policy_version: str = "raises-in-serving") -> bytes:
-    """A policy that loads and warms up cleanly but raises in onnxruntime on the observations
-    it meets in serving: those whose ``kv_cache_ratio`` knob field is exactly that of
-    ``trigger_kv_cache_ratio`` (the static default's 0.9), which no warm-up observation has (they
-    are the range's ends, its middle and uniform draws). The action is 0 (finite, in range); on
-    a triggering row the graph reshapes it to a shape it cannot take, and onnxruntime raises.
-    A model's bug that only real traffic shows, for the fault tests of the embedded runtime."""
+def _const(name: str, value, dtype: int | None = None, dims=None) -> onnx.NodeProto:
+    from onnx import TensorProto, helper
+
+    arr = np.asarray(value)
+    return helper.make_node("Constant", [], [name], value=helper.make_tensor(
+        name + "_v", TensorProto.FLOAT if dtype is None else dtype,
+        list(arr.shape) if dims is None else dims, arr.flatten().tolist()))
+
+
+def _serving_trigger(trigger_kv_cache_ratio: float) -> list[onnx.NodeProto]:
+    """Nodes computing ``zero`` (the action: zeros ``[batch, NUM_KNOBS]``) and ``k`` (an int64
+    scalar: 1 when a row's ``kv_cache_ratio`` knob field is exactly that of
+    ``trigger_kv_cache_ratio``, else 0). No warm-up observation has that value (they are the
+    range's ends, its middle and uniform draws); serving at the static default's 0.9 does."""
     from onnx import TensorProto, helper
 
     kv_index = OBS_DIM - NUM_KNOBS + 2
     trigger = float(np.float32(knobs_to_action(
         dataclasses.replace(DEFAULT_KNOBS, kv_cache_ratio=trigger_kv_cache_ratio))[2]))
-
-    def const(name: str, value, dtype=TensorProto.FLOAT, dims=None) -> onnx.NodeProto:
-        arr = np.asarray(value)
-        return helper.make_node("Constant", [], [name], value=helper.make_tensor(
-            name + "_v", dtype, list(arr.shape) if dims is None else dims,
-            arr.flatten().tolist()))
-
-    nodes = [
-        const("w", np.zeros((OBS_DIM, NUM_KNOBS), dtype=np.float32)),
+    return [
+        _const("w", np.zeros((OBS_DIM, NUM_KNOBS), dtype=np.float32)),
         helper.make_node("MatMul", ["obs", "w"], ["zero"]),
-        const("idx", [kv_index], TensorProto.INT64),
+        _const("idx", [kv_index], TensorProto.INT64),
         helper.make_node("Gather", ["obs", "idx"], ["kv"], axis=1),
-        const("trigger", [trigger]),
+        _const("trigger", [trigger]),
         helper.make_node("Sub", ["kv", "trigger"], ["d"]),
         helper.make_node("Abs", ["d"], ["ad"]),
-        const("eps", [1e-7]),
+        _const("eps", [1e-7]),
         helper.make_node("Less", ["ad", "eps"], ["hit"]),
         helper.make_node("Cast", ["hit"], ["hit_i"], to=TensorProto.INT64),
         helper.make_node("ReduceMax", ["hit_i"], ["k"], keepdims=0),
-        const("five", NUM_KNOBS, TensorProto.INT64, dims=[]),
-        helper.make_node("Add", ["five", "k"], ["width"]),
-        const("minus_one", [-1], TensorProto.INT64),
-        helper.make_node("Unsqueeze", ["width", "zero_axis"], ["width1"]),
-        const("zero_axis", [0], TensorProto.INT64),
-        helper.make_node("Concat", ["minus_one", "width1"], ["shape"], axis=0),
-        helper.make_node("Reshape", ["zero", "shape"], ["action"]),
     ]
-    nodes.insert(nodes.index(next(n for n in nodes if n.op_type == "Unsqueeze")),
-                 nodes.pop(nodes.index(next(n for n in nodes
-                                            if n.output == ["zero_axis"]))))
+
+
+def _serving_fault_model(nodes: list[onnx.NodeProto], name: str, policy_version: str) -> bytes:
+    from onnx import TensorProto, helper
+
     graph = helper.make_graph(
-        nodes, "raises_in_serving",
+        nodes, name,
         [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", OBS_DIM])],
         [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", NUM_KNOBS])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
@@ -147,6 +141,63 @@ def raising_policy_bytes(trigger_kv_cache_ratio: float = DEFAULT_KNOBS.kv_cache_
                                    "batchpilot.policy_version": policy_version})
     onnx.checker.check_model(model)
     return model.SerializeToString()
+
+
+def raising_policy_bytes(trigger_kv_cache_ratio: float = DEFAULT_KNOBS.kv_cache_ratio,
+                         policy_version: str = "raises-in-serving") -> bytes:
+    """A policy that loads and warms up cleanly but raises in onnxruntime on the observations
+    it meets in serving (:func:`_serving_trigger`). The action is 0 (finite, in range); on a
+    triggering row the graph reshapes it to a shape it cannot take, and onnxruntime raises.
+    A model's bug that only real traffic shows, for the fault tests of the embedded runtime."""
+    from onnx import TensorProto, helper
+
+    nodes = _serving_trigger(trigger_kv_cache_ratio) + [
+        _const("five", NUM_KNOBS, TensorProto.INT64, dims=[]),
+        helper.make_node("Add", ["five", "k"], ["width"]),
+        _const("minus_one", [-1], TensorProto.INT64),
+        _const("zero_axis", [0], TensorProto.INT64),
+        helper.make_node("Unsqueeze", ["width", "zero_axis"], ["width1"]),
+        helper.make_node("Concat", ["minus_one", "width1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["zero", "shape"], ["action"]),
+    ]
+    return _serving_fault_model(nodes, "raises_in_serving", policy_version)
+
+
+def slow_policy_bytes(trigger_kv_cache_ratio: float = DEFAULT_KNOBS.kv_cache_ratio,
+                      rows: int = 2000, width: int = 512, products: int = 8,
+                      policy_version: str = "slow-in-serving") -> bytes:
+    """A policy that loads and warms up in microseconds but takes tens of milliseconds a
+    decision on the observations it meets in serving (:func:`_serving_trigger`): a triggering
+    row makes the graph multiply a ``rows`` x ``width`` tensor of ones by a ``width`` x
+    ``width`` one ``products`` times over (8 GFLOP by default), whose sum times 0 is added to
+    the action of 0; another row multiplies one row. A policy that answers, slowly, for the
+    decision time limit of the embedded runtime. Its action is the static default's, so
+    that the knobs it decides keep the observations it meets slow."""
+    from onnx import TensorProto, helper
+
+    ones = helper.make_tensor("one_f", TensorProto.FLOAT, [1], [1.0])
+    nodes = _serving_trigger(trigger_kv_cache_ratio) + [
+        _const("rows", rows, TensorProto.INT64, dims=[]),
+        helper.make_node("Mul", ["rows", "k"], ["n0"]),
+        _const("one", 1, TensorProto.INT64, dims=[]),
+        helper.make_node("Add", ["n0", "one"], ["n"]),
+        _const("axis0", [0], TensorProto.INT64),
+        helper.make_node("Unsqueeze", ["n", "axis0"], ["n1"]),
+        _const("width", [width], TensorProto.INT64),
+        helper.make_node("Concat", ["n1", "width"], ["shape"], axis=0),
+        helper.make_node("ConstantOfShape", ["shape"], ["left"], value=ones),
+        _const("square", [width, width], TensorProto.INT64),
+        helper.make_node("ConstantOfShape", ["square"], ["right"], value=ones),
+        *(helper.make_node("MatMul", ["left" if i == 0 else f"product{i - 1}", "right"],
+                           [f"product{i}"]) for i in range(products)),
+        helper.make_node("ReduceSum", [f"product{products - 1}"], ["total"], keepdims=0),
+        _const("nought", 0.0),
+        helper.make_node("Mul", ["total", "nought"], ["nothing"]),
+        helper.make_node("Add", ["zero", "nothing"], ["still"]),
+        _const("static", np.asarray([knobs_to_action(DEFAULT_KNOBS)], dtype=np.float32)),
+        helper.make_node("Add", ["still", "static"], ["action"]),
+    ]
+    return _serving_fault_model(nodes, "slow_in_serving", policy_version)
 
 
 def _write_bytes(path: Path, data: bytes) -> Path:
@@ -166,6 +217,8 @@ def write_fixtures(folder: Path) -> list[Path]:
                          policy_version="nan-mid"),
             # loads and warms up, then raises on the static default's KV ratio (serving)
             _write_bytes(folder / "policy-raises-in-serving.onnx", raising_policy_bytes()),
+            # loads and warms up fast, then takes milliseconds a decision on the static KV ratio
+            _write_bytes(folder / "policy-slow-in-serving.onnx", slow_policy_bytes()),
             # a policy of the older spec 2 (20 inputs, 3 outputs), served through its adapter
             write_policy(folder / "policy-spec2.onnx", make_spec2_mlp(seed=0),
                          obs_dim=SPEC2.obs_dim, spec_version=SPEC2.version,

@@ -37,12 +37,15 @@ CIRCUIT_OPEN = "circuit open"
 OUT_OF_DISTRIBUTION = "out of distribution"
 """the live observation left the distribution the policy was trained on
 (:mod:`runtime.decider.ood_guard`): the PID has control until it is back"""
+POLICY_SLOW = "policy slow"
+"""the policy's decisions took longer than the embedded runtime's limit, several in a row
+(:mod:`runtime.decider.slow_guard`): the PID decides for a while, then the policy is tried again"""
 PID_FAILED = "; pid failed"
 """appended when the PID could not decide either and the static knobs were used"""
 
 FALLBACK_REASONS: tuple[str, ...] = (
     MODEL_MISSING, MODEL_CORRUPT, SPEC_MISMATCH, BAD_SIGNATURE, BAD_INPUT_SHAPE, NON_FINITE_INPUT,
-    NON_FINITE_OUTPUT, POLICY_ERROR, CIRCUIT_OPEN, OUT_OF_DISTRIBUTION,
+    NON_FINITE_OUTPUT, POLICY_ERROR, CIRCUIT_OPEN, OUT_OF_DISTRIBUTION, POLICY_SLOW,
 )
 
 

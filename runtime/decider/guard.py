@@ -16,6 +16,9 @@ Per decision, in order:
    (``out of distribution``): in the embedded runtime once at least ``patience`` of the last
    ``window`` intervals were out, until ``window`` in a row are back in; for a client's
    observation, whenever that observation is out.
+4c. With a decision time limit (the embedded runtime of ``vllm serve``), a policy whose
+   decisions were slow several times in a row is kept out for a while (``policy slow``; see
+   :mod:`runtime.decider.slow_guard`).
 5. The policy runs; an exception (``policy error``) or a NaN or infinite action
    (``non-finite output``) sends the decision to the PID. A policy of an older spec (three
    actions) decides the first three knobs; the others are the static knobs.
@@ -68,6 +71,7 @@ from runtime.decider.decision import (
     OUT_OF_DISTRIBUTION,
     PID_FAILED,
     POLICY_ERROR,
+    POLICY_SLOW,
     Decision,
     Source,
 )
@@ -80,6 +84,7 @@ from runtime.decider.lend_guard import (
 )
 from runtime.decider.onnx_policy import DEFAULT_MAX_POLICY_BYTES, OnnxPolicy, PolicyLoadError
 from runtime.decider.pid import PidController
+from runtime.decider.slow_guard import SlowPolicyGuard
 from runtime.decider.window import DecisionWindow
 from runtime.knobs import (
     DEFAULT_KNOBS,
@@ -181,13 +186,16 @@ class GuardedDecider:
     :param max_policy_bytes: a policy file larger than this is refused before it is read
     :param ood_guard: run the out-of-distribution guard of a policy that carries one (False:
         the policy decides wherever it can, as before the guard; for measuring what it buys)
+    :param decision_limit_s: time the policy's decisions in the embedded runtime and hand a
+        policy slower than this to the PID (:mod:`runtime.decider.slow_guard`); None: no limit
+        (replays and the arena, whose results must not depend on the machine's speed)
     """
 
     def __init__(self, policy: OnnxPolicy | str | Path | None = None, *,
                  pid: PidController | None = None, static_knobs: Knobs = DEFAULT_KNOBS,
                  max_step: float = DEFAULT_MAX_STEP, breaker: CircuitBreaker | None = None,
                  max_policy_bytes: int = DEFAULT_MAX_POLICY_BYTES,
-                 ood_guard: bool = True) -> None:
+                 ood_guard: bool = True, decision_limit_s: float | None = None) -> None:
         if not max_step > 0.0:
             raise ValueError(f"max_step must be > 0 action units per decision, got {max_step}")
         self.pid = pid if pid is not None else PidController()
@@ -199,6 +207,9 @@ class GuardedDecider:
         self.ood_guard = ood_guard
         """whether a policy's out-of-distribution guard runs"""
         self.breaker = breaker if breaker is not None else CircuitBreaker()
+        self.slow_guard = (SlowPolicyGuard(decision_limit_s) if decision_limit_s is not None
+                           else None)
+        """times the policy's embedded decisions (None: no decision time limit)"""
         self.recent = DecisionWindow()
         """decisions by source and fallback reason over the last minute"""
         self._reload_lock = threading.Lock()
@@ -249,6 +260,8 @@ class GuardedDecider:
                 raise
             self._active = (policy, MODEL_MISSING)
             self.breaker.reset()
+            if self.slow_guard is not None:
+                self.slow_guard.reset()
             self.num_reloads += 1
             return policy
 
@@ -320,8 +333,16 @@ class GuardedDecider:
             return self._fallback(observation, v, CIRCUIT_OPEN, policy)
         if not in_range:
             return self._fallback(observation, v, OUT_OF_DISTRIBUTION, policy)
+        slow = self.slow_guard if feed_breaker else None
+        if slow is not None and slow.skip():
+            return self._fallback(observation, v, POLICY_SLOW, policy)
         try:
-            a = policy.act(observation)
+            if slow is None:
+                a = policy.act(observation)
+            else:
+                t0 = time.perf_counter()
+                a = policy.act(observation)
+                slow.timed(time.perf_counter() - t0)
             if policy.num_actions != NUM_KNOBS:  # an older spec's: the other knobs are static
                 a.extend(self._static_action[policy.num_actions:])
             if not math.isfinite(sum(a)):
@@ -488,6 +509,7 @@ class GuardedDecider:
             "lend_guard_hits": self.lend_guard_hits,
             "lend_latch": (policy.lend_latch.describe()
                            if policy is not None and policy.lend_latch is not None else None),
+            "slow_guard": self.slow_guard.describe() if self.slow_guard is not None else None,
             "ood_guard": (policy.ood_guard.describe()
                           if policy is not None and policy.ood_guard is not None
                           and self.ood_guard else None),

@@ -110,7 +110,8 @@ def served():
     policies = root / "policies"
     policies.mkdir()
     (policies / "policy.onnx").write_bytes(b"not an ONNX model\n" * 50)  # corrupt at start
-    for name in ("policy-test-1.onnx", "policy-test-2.onnx", "policy-raises-in-serving.onnx"):
+    for name in ("policy-test-1.onnx", "policy-test-2.onnx", "policy-raises-in-serving.onnx",
+                 "policy-slow-in-serving.onnx"):
         shutil.copy(FIXTURES / name, policies / name)
     settings = {"POLICY_DIR": str(policies), "POLICY_FILE": "policy.onnx", "SLO": SLO,
                 "ADMISSION": "shed", "INTERVAL_S": str(INTERVAL_S), "RELOAD_TOKEN": TOKEN,
@@ -184,6 +185,49 @@ def test_a_policy_file_replaced_by_garbage_keeps_the_old_policy(served):
     no_failed_request(result)
     s = served.wait(lambda s: s["last_decision"]["policy_version"] == "test-2")
     assert s["last_decision"]["source"] == "policy"
+
+
+def test_a_policy_slower_than_the_decision_limit_hands_over_to_the_pid(served):
+    """Three decisions over the limit (5 ms; this policy takes tens of milliseconds on the
+    static knobs) in a row, and the PID decides in its place, without running it."""
+    status, _ = served.post("/v1/controller", {"controller": "static"})
+    assert status == 200
+    served.wait(lambda s: s["controller"] == "static" and s["knobs"] == s["static_knobs"])
+    status, body = served.post("/v1/policy/reload", {"name": "policy-slow-in-serving.onnx"})
+    assert status == 200 and body["policy_version"] == "slow-in-serving", body
+    result: dict = {}
+    load = threading.Thread(target=lambda: result.update(served.load(12, seed=3)))
+    load.start()
+    try:
+        status, _ = served.post("/v1/controller", {"controller": "policy"})
+        assert status == 200
+        s = served.wait(lambda s: s["fallbacks"].get("policy slow", 0) >= 1)
+        slow = s["policy"]["slow_guard"]
+        assert slow["handed_over"] and slow["num_handovers"] >= 1, slow
+        assert slow["slow_decisions"] >= 3 and slow["slowest_s"] > slow["limit_s"] == 0.005
+        text = served.metrics()
+        assert re.search(r"^batchpilot_vllm_policy_slow 1\.0$", text, re.M), text[-2000:]
+        counted = re.search(r"^batchpilot_vllm_slow_decisions_total (\S+)$", text, re.M)
+        assert counted is not None and float(counted.group(1)) >= 3
+        assert re.search(r'batchpilot_vllm_fallbacks_total\{reason="policy slow"\} [1-9]', text)
+    finally:
+        load.join()
+    no_failed_request(result)
+    status, body = served.post("/v1/policy/reload", {"name": "policy-test-2.onnx"})
+    assert status == 200 and body["policy_version"] == "test-2"
+    s = served.wait(lambda s: s["last_decision"]["policy_version"] == "test-2"
+                    and s["last_decision"]["source"] == "policy")
+    assert not s["policy"]["slow_guard"]["handed_over"]
+
+
+def test_the_token_budget_vllm_applies_is_shown(served):
+    s = served.state()
+    budget = s["token_budget"]
+    assert budget["chunk"] == min(s["knobs"]["prefill_chunk_tokens"], budget["startup"])
+    text = served.metrics()
+    shown = re.search(r"^batchpilot_vllm_token_budget (\S+)$", text, re.M)
+    assert shown is not None and 0 < float(shown.group(1)) <= budget["startup"]
+    assert re.search(r"^batchpilot_vllm_chunk_capped_total \d", text, re.M)
 
 
 def test_a_policy_that_raises_in_serving_falls_back_within_an_interval(served):
@@ -279,7 +323,9 @@ def test_the_metrics_show_what_it_did(served):
     assert value('batchpilot_vllm_decisions_total{source="policy"}') > 0
     assert value('batchpilot_vllm_decisions_total{source="pid"}') > 0
     assert value('batchpilot_vllm_fallbacks_total{reason="model corrupt"}') > 0
-    assert value('batchpilot_vllm_policy_reloads_total{outcome="ok"}') == 4
+    # test-1, test-2 (a file replaced), the slow one and test-2 back, the raising one and
+    # test-2 back
+    assert value('batchpilot_vllm_policy_reloads_total{outcome="ok"}') == 6
     assert value('batchpilot_vllm_policy_reloads_total{outcome="model corrupt"}') >= 1
     assert value('batchpilot_vllm_rejected_total{reason="shed"}') >= 1
     pool = value('batchpilot_vllm_kv_blocks{state="pool"}')

@@ -227,7 +227,8 @@ class ServingController:
                                  cooldown_s=settings.breaker_cooldown_s, clock=self.clock)
         self.policy_path: Path | None = None
         self.guarded = GuardedDecider(None, static_knobs=self.static,
-                                      max_step=settings.max_step, breaker=breaker)
+                                      max_step=settings.max_step, breaker=breaker,
+                                      decision_limit_s=settings.decision_limit_ms * 1e-3)
         try:
             self.policy_path = settings.start_policy_path()
         except ValueError as e:
@@ -480,12 +481,16 @@ class ServingController:
                        "file": self.policy_path.name if self.policy_path is not None else None,
                        "missing_reason": self.guarded.missing_reason,
                        "last_error": _without_folders(self.guarded.last_error),
-                       "breaker": self.guarded.breaker.state},
+                       "breaker": self.guarded.breaker.state,
+                       "slow_guard": (self.guarded.slow_guard.describe()
+                                      if self.guarded.slow_guard is not None else None)},
             "reloads": dict(self.reloads),
             "requests": {**vars(self.totals), "rejected_by_reason": dict(self.rejected_by_reason),
                          "in_engine": len(sch.requests)},
             "kv_blocks": {"pool": sch.bp_pool_blocks, "cap": sch.bp_cap,
                           "withheld": len(sch.bp_withheld), "used": sch.used_blocks()},
+            "token_budget": {"chunk": sch.bp_chunk, "startup": sch.bp_startup_budget,
+                             "capped_decisions": sch.bp_chunk_capped},
             "passthrough": getattr(sch, "bp_passthrough", None),
             "ticks": self.num_ticks, "idle_ticks": self.idle_ticks,
             "started_unix": self.started_unix, "first_decision_unix": self.first_decision_unix,

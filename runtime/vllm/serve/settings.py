@@ -110,6 +110,11 @@ class ServeSettings(BaseModel):
     """intervals in a row under target that hand control to the PID; 0 disables the breaker"""
     breaker_cooldown_s: float = Field(30.0, ge=0.0)
     """seconds the PID keeps control once the breaker opens"""
+    decision_limit_ms: float = Field(5.0, gt=0.0, le=1000.0)
+    """a policy decision that takes longer is slow: three slow in a row hand the decisions to
+    the PID (reason ``policy slow``) for 240 intervals, then the policy is tried again; a reload
+    gives a new policy its place at once (the decision runs inside vLLM's step: the shipped
+    policy decides in about 10 us)"""
     reload_poll_s: float = Field(2.0, ge=0.0)
     """seconds between checks of the policy file; a file replaced (new size, time or inode) is
     reloaded, the old policy kept on any refusal; 0 turns the watch off"""

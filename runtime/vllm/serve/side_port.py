@@ -79,6 +79,13 @@ class ControllerCollector(Collector):
         for name in KNOB_NAMES:
             g.add_metric([name], float(getattr(knobs, name)))
         yield g
+        yield GaugeMetricFamily("batchpilot_vllm_token_budget",
+                                "the prefill chunk vLLM applies: prefill_chunk_tokens capped at "
+                                "its start-up --max-num-batched-tokens", value=float(sch.bp_chunk))
+        yield CounterMetricFamily("batchpilot_vllm_chunk_capped",
+                                  "knob changes whose prefill_chunk_tokens exceeded vLLM's "
+                                  "start-up --max-num-batched-tokens (the budget was capped)",
+                                  value=sch.bp_chunk_capped)
         g = GaugeMetricFamily("batchpilot_vllm_static_knob",
                               "the static knobs (what a fault or the static controller holds)",
                               labels=["knob"])
@@ -151,6 +158,14 @@ class ControllerCollector(Collector):
         for k, n in sorted(dict(c.reloads).items()):
             m.add_metric([k], n)
         yield m
+        slow = c.guarded.slow_guard
+        yield GaugeMetricFamily("batchpilot_vllm_policy_slow",
+                                "1 while the PID decides in place of a policy whose decisions "
+                                "took longer than the decision limit", value=float(
+                                    slow is not None and slow.handed_over))
+        yield CounterMetricFamily("batchpilot_vllm_slow_decisions",
+                                  "policy decisions that took longer than the decision limit",
+                                  value=slow.slow_decisions if slow is not None else 0)
         g = GaugeMetricFamily("batchpilot_vllm_breaker_state",
                               "1 for the circuit breaker's state", labels=["state"])
         for s in ("closed", "open", "half_open"):
