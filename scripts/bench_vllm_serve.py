@@ -49,6 +49,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -59,9 +60,12 @@ import tyro
 from runtime.locations import profiles_dir, shipped_policy_dir
 
 ARMS = ("static", "best-static", "pid", "policy")
-RAISING_POLICY = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / \
-    "policy-raises-in-serving.onnx"
-"""a policy that loads cleanly and raises in serving (the faults figure; a source checkout's)"""
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+"""the test policies of a source checkout (the faults figure's)"""
+RAISING_POLICY = FIXTURES / "policy-raises-in-serving.onnx"
+"""a policy that loads cleanly and raises in serving"""
+SLOW_POLICY = FIXTURES / "policy-slow-in-serving.onnx"
+"""a policy that loads cleanly and takes tens of milliseconds a decision in serving"""
 TOKEN = "bench-token"
 
 
@@ -429,6 +433,7 @@ def figure_faults(args: Args, log) -> dict:
     shutil.copy(good, folder / "live.onnx")
     shutil.copy(good, folder / "good.onnx")
     shutil.copy(RAISING_POLICY, folder / "raises.onnx")
+    shutil.copy(SLOW_POLICY, folder / "slow.onnx")
     server = Server(start(model, args, settings={
         "POLICY_DIR": str(folder), "POLICY_FILE": "policy.onnx", "RELOAD_POLL_S": "0.5",
         "BREAKER_TRIP_AFTER": "0"}), model)
@@ -488,16 +493,25 @@ def figure_faults(args: Args, log) -> dict:
                                  f"{s['last_decision']['source']})",
                      "visible_after": seen, **phase(out)})
 
-        def raises() -> dict:
-            server.post("/v1/controller", {"controller": "static"})
-            server.wait(lambda s: s["controller"] == "static" and s["knobs"] == s["static_knobs"])
-            server.post("/v1/policy/reload", {"name": "raises.onnx"})
-            t0, ticks = time.time(), server.state()["ticks"]
-            server.post("/v1/controller", {"controller": "policy"})
-            return visible(r'^batchpilot_vllm_fallbacks_total\{reason="policy error"\} (\S+)',
-                           t0, ticks)
-        out, seen = under_load(8.0, raises)
+        def from_static(name: str, reason: str) -> Callable[[], dict]:
+            def act() -> dict:
+                server.post("/v1/controller", {"controller": "static"})
+                server.wait(lambda s: s["controller"] == "static"
+                            and s["knobs"] == s["static_knobs"])
+                server.post("/v1/policy/reload", {"name": name})
+                t0, ticks = time.time(), server.state()["ticks"]
+                server.post("/v1/controller", {"controller": "policy"})
+                return visible(r'^batchpilot_vllm_fallbacks_total\{reason="' + reason
+                               + r'"\} (\S+)', t0, ticks)
+            return act
+        out, seen = under_load(8.0, from_static("raises.onnx", "policy error"))
         rows.append({"phase": "a policy that raises in serving", "fallback": "pid (policy error)",
+                     "visible_after": seen, **phase(out)})
+        out, seen = under_load(8.0, from_static("slow.onnx", "policy slow"))
+        slow = server.state()["policy"]["slow_guard"]
+        rows.append({"phase": "a policy slower than the decision limit in serving",
+                     "fallback": f"pid (policy slow) after {slow['slow_decisions']} slow "
+                                 f"decisions (the slowest {slow['slowest_s'] * 1e3:.0f} ms)",
                      "visible_after": seen, **phase(out)})
     finally:
         server.proc.stop()
