@@ -33,7 +33,10 @@ Every count is bounded: the clients, the open connections, the run's duration. `
 the server's event loop and the good clients on the first CPU and the hostile clients on the
 last (where the machine has two or more), so that the hostile clients' own CPU competes with
 neither, as if they ran elsewhere (the batch worker keeps every CPU; ``--pin-worker`` puts it
-beside the hostile clients, as on a machine with a core to spare for it). Reports the
+beside the hostile clients, as on a machine with a core to spare for it). On the loop's CPU the
+good clients still wait for it while it serves the hostile clients: ``--good-nice -5`` raises
+their priority over the server's processes, so that their latency is the server's answer and not
+their own wait for a CPU, as for clients on other machines. Reports the
 good clients' decision latency (p50, p99) without and with the hostile clients and their ratio
 (per attack with ``--each``, with the spread over rounds), every good answer that was not a 200
 (5xx counted apart), the hostile answers by status, and the server's resident memory (its
@@ -115,10 +118,13 @@ def _pin(cpus: set[int] | None) -> None:
 
 # ------------------------------------------------------------------------------------ clients
 def good_client(port: int, segment: mp.Value, stop: mp.Event, rate: float,
-                cpus: set[int] | None, out: mp.Queue) -> None:
+                cpus: set[int] | None, out: mp.Queue, nice: int = 0) -> None:
     """Decide one observation after another at ``rate`` a second (0: back to back); latencies
-    by segment (single decisions and batches apart), statuses counted."""
+    by segment (single decisions and batches apart), statuses counted. ``nice``: added to the
+    client's CPU priority (negative: ahead of the server's processes; see ``--good-nice``)."""
     _pin(cpus)
+    if nice:
+        os.nice(nice)
     one = json.dumps(OBSERVATION).encode()
     batch = json.dumps({"observations": [OBSERVATION] * 64}).encode()
     latencies: dict[int, array] = {}
@@ -257,10 +263,13 @@ ATTACKS = ("empty_rows", "string_rows", "extra_keys", "text_plain", "repeated_ke
 
 def hostile_client(port: int, active: mp.Value, stop: mp.Event, max_open: int, silent: int,
                    attack_names: tuple[str, ...], cpus: set[int] | None,
-                   out: mp.Queue) -> None:
+                   out: mp.Queue, nice: int = 0) -> None:
     """While ``active`` holds an index into ``attack_names`` (-2: all of them in turn; -1:
-    none), run those attacks; statuses counted by attack."""
+    none), run those attacks; statuses counted by attack. ``nice``: added to the client's CPU
+    priority (see ``--hostile-nice``)."""
     _pin(cpus)
+    if nice:
+        os.nice(nice)
     requests = attack_requests()
     statuses: dict[str, dict[int, int]] = {}
     times: dict[str, array] = {}
@@ -356,7 +365,8 @@ def _policy_folder(folder: Path) -> None:
 def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostile: int,
          max_open: int, attacks: tuple[str, ...] = ATTACKS, each: bool = False,
          good_rate: float = 100.0, silent: int = 260, pin: bool = False,
-         rounds: int = 1, repo: Path = REPO, pin_worker: bool = False) -> dict:
+         rounds: int = 1, repo: Path = REPO, pin_worker: bool = False,
+         good_nice: int = 0, hostile_nice: int = 0) -> dict:
     if each:  # every attack its rounds, each between two segments without hostile clients
         duration_s = max(duration_s, each_duration(warmup_s, segment_s, len(attacks), rounds))
     port = free_port()
@@ -388,11 +398,12 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
         active = mp.Value("i", -1)
         stop, out = mp.Event(), mp.Queue()
         procs = [mp.Process(target=good_client,
-                            args=(port, segment, stop, good_rate, server_cpus, out))
+                            args=(port, segment, stop, good_rate, server_cpus, out,
+                                  good_nice))
                  for _ in range(good)]
         procs += [mp.Process(target=hostile_client,
                              args=(port, active, stop, max_open, silent, attacks, hostile_cpus,
-                                   out))
+                                   out, hostile_nice))
                   for _ in range(hostile)]
         for p in procs:
             p.start()
@@ -434,6 +445,7 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
     return {"repo": str(repo), "duration_s": duration_s, "warmup_s": warmup_s,
             "segment_s": segment_s,
             "good_clients": good, "hostile_clients": hostile, "good_rate": good_rate,
+            "good_nice": good_nice, "hostile_nice": hostile_nice,
             "pinned": ({"server_loop_and_good_clients": sorted(server_cpus or ()),
                         "hostile_clients": sorted(hostile_cpus or ()),
                         "batch_worker": sorted(hostile_cpus or ()) if pin_worker else "any"}
@@ -592,6 +604,15 @@ def main(argv: list[str] | None = None) -> int:
                          "on a machine with a core to spare for it; by default it keeps every "
                          "CPU, and on two it takes the loop's when the hostile clients fill "
                          "theirs)")
+    ap.add_argument("--good-nice", type=int, default=0,
+                    help="added to the good clients' CPU priority (0; -5 puts them ahead of the "
+                         "server's processes, as clients on other machines would never wait for "
+                         "the server's CPU; below 0 needs the privilege to raise a priority)")
+    ap.add_argument("--hostile-nice", type=int, default=0,
+                    help="added to the hostile clients' CPU priority (0; 19 leaves the server's "
+                         "processes, the batch worker at nice 10 included, every CPU cycle they "
+                         "want first: the hostile clients' own CPU use is then no part of the "
+                         "figures, but they send less while the server is busy)")
     ap.add_argument("--repo", type=Path, default=REPO,
                     help="the checkout whose server is soaked (this one; another commit's "
                          "worktree to compare)")
@@ -621,7 +642,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     r = soak(duration, args.warmup_s, args.segment_s, args.good_clients, args.hostile_clients,
              args.max_open, attacks, args.each, args.good_rate, args.silent, args.pin,
-             args.rounds, args.repo.resolve(), args.pin_worker)
+             args.rounds, args.repo.resolve(), args.pin_worker, args.good_nice,
+             args.hostile_nice)
     if args.json:
         print(json.dumps(r))
         return 0

@@ -187,14 +187,20 @@ def test_a_policy_file_replaced_by_garbage_keeps_the_old_policy(served):
     assert s["last_decision"]["source"] == "policy"
 
 
-def test_a_policy_slower_than_the_decision_limit_hands_over_to_the_pid(served):
-    """Three decisions over the limit (5 ms; this policy takes tens of milliseconds on the
-    static knobs) in a row, and the PID decides in its place, without running it."""
+def on_static_knobs_load(served, name: str, version: str) -> None:
+    """Hold the static knobs, then load the policy ``name`` (of ``version``): switched on, it
+    meets its first observations on the static knobs, where the fault fixtures misbehave."""
     status, _ = served.post("/v1/controller", {"controller": "static"})
     assert status == 200
     served.wait(lambda s: s["controller"] == "static" and s["knobs"] == s["static_knobs"])
-    status, body = served.post("/v1/policy/reload", {"name": "policy-slow-in-serving.onnx"})
-    assert status == 200 and body["policy_version"] == "slow-in-serving", body
+    status, body = served.post("/v1/policy/reload", {"name": name})
+    assert status == 200 and body["policy_version"] == version, body
+
+
+def test_a_policy_slower_than_the_decision_limit_hands_over_to_the_pid(served):
+    """Three decisions over the limit (5 ms; this policy takes tens of milliseconds on the
+    static knobs) in a row, and the PID decides in its place, without running it."""
+    on_static_knobs_load(served, "policy-slow-in-serving.onnx", "slow-in-serving")
     result: dict = {}
     load = threading.Thread(target=lambda: result.update(served.load(12, seed=3)))
     load.start()
@@ -231,11 +237,7 @@ def test_the_token_budget_vllm_applies_is_shown(served):
 
 
 def test_a_policy_that_raises_in_serving_falls_back_within_an_interval(served):
-    status, _ = served.post("/v1/controller", {"controller": "static"})
-    assert status == 200
-    served.wait(lambda s: s["controller"] == "static" and s["knobs"] == s["static_knobs"])
-    status, body = served.post("/v1/policy/reload", {"name": "policy-raises-in-serving.onnx"})
-    assert status == 200 and body["policy_version"] == "raises-in-serving", body
+    on_static_knobs_load(served, "policy-raises-in-serving.onnx", "raises-in-serving")
     result: dict = {}
     load = threading.Thread(target=lambda: result.update(served.load(12, seed=2)))
     load.start()
