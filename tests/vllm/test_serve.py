@@ -24,9 +24,11 @@ import pytest
 from tests.conftest import FIXTURES
 
 TOKEN = "serve-test-token"
-SLO = "interactive:60:10,tight:0.2:10,batch:3600:1:3600"
+SLO = "interactive:60:10,tight:0.1:10,batch:3600:1:3600"
 """the server's classes: ``interactive`` (the default) too lenient to shed at the tests' loads,
-``tight`` (0.2 s to the first token) shed as soon as it queues behind a prefill"""
+``tight`` (0.1 s to the first token) shed as soon as it queues behind a prefill (on a fast
+machine, ten prompts of 1,200-1,600 tokens prefill in 0.26 s: at 0.2 s they were late by tens
+of milliseconds, in a step already running, and none was shed)"""
 INTERVAL_S = 0.25
 START_TIMEOUT_S = 900.0
 """the shared 2-core machines start vLLM in 1-3 minutes when busy"""
@@ -280,7 +282,7 @@ def test_a_late_request_is_shed_with_the_documented_answer(served):
     probes = [threading.Thread(target=plain, args=(i,)) for i in range(2)]
     for p in probes:
         p.start()
-    summary = served.load(8, every_s=0.02, prompt=(1200, 1600), output=(4, 8),
+    summary = served.load(12, every_s=0.02, prompt=(1200, 1600), output=(4, 8),
                           slo_class="tight", seed=3)
     for p in probes:
         p.join()

@@ -57,6 +57,15 @@ def serve(vllm_server, prompts, outputs) -> list:
     return ended
 
 
+def ticked(controller, since: int, timeout_s: float = 10.0) -> None:
+    """Wait until the controller has closed an interval after its ``since``-th (while vLLM is
+    idle its own thread does, at the next grid point)."""
+    deadline = time.time() + timeout_s
+    while controller.num_ticks <= since:
+        assert time.time() < deadline, "the controller closed no interval"
+        time.sleep(0.02)
+
+
 class _Capture(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
@@ -109,8 +118,11 @@ def test_a_controller_that_raises_holds_the_static_knobs(vllm_server, captured):
         c = sch.bp_controller
         sch.set_knobs(Knobs(50.0, 4096, 0.5))  # somewhere else, as a controller left them
         c.decider = FailSafe(Raises(), static)
+        ticks = c.num_ticks
         ended = serve(vllm_server, [300] * 4, [16] * 4)
         assert len(ended) == 4 and all(o.outputs[0].finish_reason == "length" for o in ended)
+        # on a fast machine the requests end within an interval: the next tick is the idle one
+        ticked(c, ticks)
         assert sch.knobs == static and c.last.source == "static"
         assert c.last.reason == CONTROLLER_FAULT and c.by_reason[CONTROLLER_FAULT] >= 1
         assert sum("the controller broke" in line for line in captured) == 1  # once
@@ -118,7 +130,9 @@ def test_a_controller_that_raises_holds_the_static_knobs(vllm_server, captured):
         sch.set_knobs(Knobs(50.0, 4096, 0.5))
         sch.collect_interval = lambda: 1 / 0
         try:
+            ticks = c.num_ticks
             ended = serve(vllm_server, [300] * 4, [16] * 4)
+            ticked(c, ticks)
         finally:
             del sch.collect_interval
         assert len(ended) == 4
