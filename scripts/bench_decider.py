@@ -166,9 +166,8 @@ def _inside_ranges(distribution: ObservationDistribution) -> list[tuple[int, flo
     vector span, a little inside both ends so that the round trip through raw values stays in."""
     out = []
     for name, lo, hi in zip(distribution.fields, distribution.low, distribution.high):
-        f = OBSERVATION_FIELDS[OBSERVATION_INDEX[name]]
-        span_lo = -1.0 if f.transform == "slog" else 0.0
-        lo, hi = max(lo, span_lo), min(hi, 1.0)
+        span_lo, span_hi = OBSERVATION_FIELDS[OBSERVATION_INDEX[name]].vector_bounds
+        lo, hi = max(lo, span_lo), min(hi, span_hi)
         pad = 0.01 * (hi - lo)
         out.append((OBSERVATION_INDEX[name], lo + pad, hi - pad))
     return out

@@ -575,6 +575,21 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
     return out
 
 
+def _nice_problem(nice: int) -> str | None:
+    """Why a client process could not add ``nice`` to its priority (None: it can), tried in a
+    child process so that this one keeps its own."""
+    if nice == 0:
+        return None
+    if not -20 <= nice <= 19:
+        return "must lie in [-20, 19]"
+    try:
+        subprocess.run([sys.executable, "-c", f"import os; os.nice({nice})"], check=True,
+                       capture_output=True, timeout=30)
+    except subprocess.CalledProcessError:
+        return "this user may not raise a process's priority (needs root or CAP_SYS_NICE)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration-s", type=float, default=None,
@@ -635,6 +650,11 @@ def main(argv: list[str] | None = None) -> int:
         print("soak: --duration-s must cover the warm-up and one segment without and one with "
               "the hostile clients", file=sys.stderr)
         return 2
+    for flag, nice in (("--good-nice", args.good_nice), ("--hostile-nice", args.hostile_nice)):
+        problem = _nice_problem(nice)
+        if problem:
+            print(f"soak: {flag} {nice}: {problem}", file=sys.stderr)
+            return 2
     if (min(args.good_clients, args.hostile_clients, args.max_open, args.silent) < 0
             or not args.good_clients or args.good_rate < 0):
         print("soak: client counts and the rate must be >= 0, with at least one good client",

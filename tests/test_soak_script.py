@@ -55,3 +55,12 @@ def test_one_attack_a_segment_is_reported_apart():
 def test_bad_options_exit_2_naming_them(capsys, argv, message):
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == message
+
+
+def test_a_priority_a_client_cannot_take_is_refused_before_the_run():
+    from scripts.soak import _nice_problem
+
+    assert _nice_problem(0) is None and _nice_problem(1) is None
+    assert "[-20, 19]" in (_nice_problem(30) or "")
+    assert main(["--good-nice", "-30", "--duration-s", "100", "--warmup-s", "1",
+                 "--segment-s", "1"]) == 2
