@@ -15,10 +15,12 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # starlette's note about httpx in its test client
     from fastapi.testclient import TestClient
 
-from runtime.api.batch_worker import shared_worker
+from runtime.api.batch_worker import BatchWorker, shared_worker
+from runtime.api.refused_files import SETTLED_S, UNCHANGED_NOTE, RefusedFiles
 from runtime.api.settings import Settings
 from runtime.decider.breaker import CircuitBreaker
 from runtime.decider.guard import GuardedDecider
+from runtime.decider.onnx_policy import PolicyLoadError
 from runtime.knobs import Knobs
 from runtime.observation import (
     OBS_DIM,
@@ -561,3 +563,60 @@ def test_a_refused_reload_is_refused_by_the_batch_worker_without_reading_the_fil
     r = client.post("/v1/policy/reload", json={"name": "policy-v2.onnx"}, headers=AUTH)
     assert r.status_code == 200 and loads_here == ["policy-v2.onnx"]  # checked, then loaded here
     assert client.post("/v1/decide", json=raw_fields()).json()["policy_version"] == "test-2"
+
+
+def test_an_unchanged_refused_file_is_refused_again_from_memory_and_a_changed_one_is_read(
+        client, policy_dir, monkeypatch):
+    checks = []
+    real_check = BatchWorker.check_policy
+
+    def check(self, client_key, path, max_bytes):
+        checks.append(Path(path).name)
+        return real_check(self, client_key, path, max_bytes)
+
+    monkeypatch.setattr(BatchWorker, "check_policy", check)
+    bad = policy_dir / "bad.onnx"
+
+    def reload_bad() -> dict:
+        r = client.post("/v1/policy/reload", json={"name": "bad.onnx"}, headers=AUTH)
+        assert r.status_code == 422 and r.json()["detail"]["reason"] == "model corrupt"
+        assert r.json()["detail"]["kept_policy_version"] == "test-1"
+        return r.json()["detail"]
+
+    bad.write_bytes(b"\x08\x07:" + b"\0" * 4096)
+    # changed just now: its stamps may not show a change within the clock's tick, so it is
+    # read at every reload until it has settled
+    first, again = reload_bad(), reload_bad()
+    assert checks == ["bad.onnx"] * 2 and first == again
+    time.sleep(SETTLED_S + 0.1)
+    reload_bad()
+    assert len(checks) == 3  # settled: read once more, and its refusal remembered
+    remembered = reload_bad()
+    assert len(checks) == 3  # not read again
+    assert remembered["message"] == first["message"] + UNCHANGED_NOTE
+    info = client.get("/v1/policy").json()
+    assert info["num_failed_reloads"] == 4 and info["last_error"].endswith(UNCHANGED_NOTE)
+    assert 'batchpilot_reloads_total{outcome="model corrupt"} 4.0' in client.get("/metrics").text
+    # rewritten in place with a good policy: a new size and new stamps, read and loaded
+    bad.write_bytes((policy_dir / "policy-v2.onnx").read_bytes())
+    r = client.post("/v1/policy/reload", json={"name": "bad.onnx"}, headers=AUTH)
+    assert r.status_code == 200 and len(checks) == 4
+    assert client.post("/v1/decide", json=raw_fields()).json()["policy_version"] == "test-2"
+
+
+def test_refused_files_are_forgotten_least_recent_first(tmp_path):
+    refused = RefusedFiles(size=2)
+    error = PolicyLoadError("model corrupt", "x.onnx is not an ONNX model: no graph")
+    keys = [(1, i, 10, 0, 0) for i in range(3)]
+    for key in keys[:2]:
+        refused.remember(key, error)
+    assert refused.refusal(keys[0], tmp_path / "x.onnx") is not None  # asked for: kept
+    refused.remember(keys[2], error)
+    assert len(refused) == 2 and refused.refusal(keys[1], tmp_path / "x.onnx") is None
+    again = refused.refusal(keys[0], tmp_path / "x.onnx")
+    assert again is not None and again.reason == "model corrupt"
+    refused.remember(None, error)  # no identity: nothing to remember
+    refused.remember(keys[1], PolicyLoadError("model missing", "no policy file at x.onnx"))
+    assert refused.refusal(keys[1], tmp_path / "x.onnx") is None
+    with pytest.raises(ValueError, match="at least 1"):
+        RefusedFiles(size=0)

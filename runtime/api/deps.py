@@ -9,7 +9,7 @@ pool, a hop that costs more still.
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -17,6 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from runtime.api.batch_worker import BatchWorker
 from runtime.api.metrics import ServerMetrics
+from runtime.api.refused_files import RefusedFiles
 from runtime.api.settings import Settings
 from runtime.decider.guard import GuardedDecider
 
@@ -30,6 +31,8 @@ class Services:
     metrics: ServerMetrics
     worker: BatchWorker | None = None
     """the batch worker process large batches go to (None: they are answered inline)"""
+    refused: RefusedFiles = field(default_factory=RefusedFiles)
+    """policy files refused by a reload, answered from memory while they stay unchanged"""
 
 
 async def get_services(request: Request) -> Services:

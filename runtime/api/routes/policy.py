@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from runtime.api.batch_worker import WorkerUnavailable
 from runtime.api.deps import ReloadAuth, ServicesDep
 from runtime.api.parsing import MAX_ERRORS_SHOWN
+from runtime.api.refused_files import fingerprint
 from runtime.api.schemas import PolicyOut, ReloadRequest
 from runtime.api.settings import resolve_in_folder, without_folder
 from runtime.decider.decision import MODEL_MISSING
@@ -125,11 +126,17 @@ async def reload_policy(request: Request, _auth: ReloadAuth, services: ServicesD
     except ValueError as e:  # a symlink that leads out of the folder, or a symlink loop
         _refused(services, OUTSIDE_FOLDER, f"reload refused: {e}")
         raise HTTPException(400, str(e)) from None
+    key = fingerprint(path)
     try:
+        known = services.refused.refusal(key, path)
+        if known is not None:  # refused before and unchanged since: refused again, unread
+            decider.refuse_reload(str(known))
+            raise known
         await _checked_in_worker(services, request, path)
         # loading takes tens of milliseconds: in the thread pool, off the event loop
         await run_in_threadpool(decider.reload, path)
     except PolicyLoadError as e:  # counted by the decider
+        services.refused.remember(key, e)
         metrics.reloads.labels(e.reason).inc()
         kept = decider.policy.policy_version if decider.policy is not None else None
         status = 404 if e.reason == MODEL_MISSING else 422
