@@ -17,6 +17,7 @@ with warnings.catch_warnings():
 
 from runtime.api.batch_worker import BatchWorker, shared_worker
 from runtime.api.refused_files import SETTLED_S, UNCHANGED_NOTE, RefusedFiles
+from runtime.api.routes.policy import UNREAD_REFUSAL_DELAY_S
 from runtime.api.settings import Settings
 from runtime.decider.breaker import CircuitBreaker
 from runtime.decider.guard import GuardedDecider
@@ -591,7 +592,9 @@ def test_an_unchanged_refused_file_is_refused_again_from_memory_and_a_changed_on
     time.sleep(SETTLED_S + 0.1)
     reload_bad()
     assert len(checks) == 3  # settled: read once more, and its refusal remembered
+    t0 = time.perf_counter()
     remembered = reload_bad()
+    assert time.perf_counter() - t0 >= UNREAD_REFUSAL_DELAY_S  # answered late, not at once
     assert len(checks) == 3  # not read again
     assert remembered["message"] == first["message"] + UNCHANGED_NOTE
     info = client.get("/v1/policy").json()
@@ -620,3 +623,17 @@ def test_refused_files_are_forgotten_least_recent_first(tmp_path):
     assert refused.refusal(keys[1], tmp_path / "x.onnx") is None
     with pytest.raises(ValueError, match="at least 1"):
         RefusedFiles(size=0)
+
+
+def test_reloads_refused_without_reading_a_file_are_answered_late(client, policy_dir,
+                                                                  tmp_path_factory):
+    outside = tmp_path_factory.mktemp("elsewhere") / "policy.onnx"
+    outside.write_bytes((policy_dir / "policy-v2.onnx").read_bytes())
+    (policy_dir / "out.onnx").symlink_to(outside)
+    for body, status in (({"name": "out.onnx"}, 400), ({"name": "../x.onnx"}, 422),
+                         ({"nome": "x.onnx"}, 422)):
+        t0 = time.perf_counter()
+        r = client.post("/v1/policy/reload", json=body, headers=AUTH)
+        assert r.status_code == status, body
+        assert time.perf_counter() - t0 >= UNREAD_REFUSAL_DELAY_S, body
+    assert client.get("/v1/policy").json()["num_failed_reloads"] == 3

@@ -17,6 +17,9 @@ refusal is remembered only for a file whose last change is at least :data:`SETTL
 the reload that read it: a change after that shows in the stamps. A file changed just before it
 was refused is read again at its next reload (and remembered then, once it has settled).
 
+A refusal answered from memory is answered late, as every reload refused without reading a
+file is (``UNREAD_REFUSAL_DELAY_S`` in :mod:`runtime.api.routes.policy`).
+
 Only refusals of what a file holds are remembered: a missing file is not (it has no identity),
 and a worker that could not answer refused nothing.
 """

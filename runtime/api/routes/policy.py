@@ -32,6 +32,15 @@ INVALID_REQUEST = "invalid request"
 MAX_RELOAD_BODY_BYTES = 1024
 """a reload body is ``{"name": ...}`` with a name of at most 206 characters: larger bodies get
 413 before they are read"""
+UNREAD_REFUSAL_DELAY_S = 0.1
+"""how late a reload refused without reading a file is answered (a body that is not
+``{"name": ...}``, a name that leads out of the folder, an unchanged file refused before): a
+wait, not work, during which the event loop serves the other clients. Answered at once, a token
+holder's refused reloads came back in a millisecond and were sent again as fast (an unchanged
+refused file: 17 times as many reloads as while each was read, and good single decisions' p99
+2.0-2.75x their p99 alone, against 1.2-1.7x); nothing needs such a refusal sooner. Requests
+without the token are answered at once: each wait holds a place among the requests in progress,
+which a client without the token must not be able to fill."""
 _FOLDERS = re.compile(r"(?:/[^/\s'\"]+)+/(?=[^/\s'\"]+)")
 """the folder part of an absolute path in a message"""
 
@@ -67,6 +76,12 @@ def _refused(services, outcome: str, message: str) -> None:
     ``last_error``): every refusal, whatever its status, the same way."""
     services.metrics.reloads.labels(outcome).inc()
     services.decider.refuse_reload(message)
+
+
+async def _late(error: Exception) -> Exception:
+    """``error``, once :data:`UNREAD_REFUSAL_DELAY_S` has passed (raise what it returns)."""
+    await asyncio.sleep(UNREAD_REFUSAL_DELAY_S)
+    return error
 
 
 async def _checked_in_worker(services, request: Request, path: Path) -> None:
@@ -118,20 +133,20 @@ async def reload_policy(request: Request, _auth: ReloadAuth, services: ServicesD
         first = errors[0]
         _refused(services, INVALID_REQUEST,
                  f"reload refused: {'.'.join(map(str, first['loc']))}: {first['msg']}")
-        raise RequestValidationError(errors) from None
+        raise await _late(RequestValidationError(errors)) from None
     folder = services.settings.policy_dir
     decider, metrics = services.decider, services.metrics
     try:
         path = resolve_in_folder(folder, body.name)
     except ValueError as e:  # a symlink that leads out of the folder, or a symlink loop
         _refused(services, OUTSIDE_FOLDER, f"reload refused: {e}")
-        raise HTTPException(400, str(e)) from None
+        raise await _late(HTTPException(400, str(e))) from None
     key = fingerprint(path)
     try:
         known = services.refused.refusal(key, path)
         if known is not None:  # refused before and unchanged since: refused again, unread
             decider.refuse_reload(str(known))
-            raise known
+            raise await _late(known)
         await _checked_in_worker(services, request, path)
         # loading takes tens of milliseconds: in the thread pool, off the event loop
         await run_in_threadpool(decider.reload, path)
