@@ -176,7 +176,8 @@ class Config(EngineChoice):
     "Headroom of run-time control, per lever"): ``kv_cache_ratio`` is the one the imitation
     oracle searches"""
     eval_every: int = 50_000
-    """evaluate against the baselines every this many steps"""
+    """evaluate against the baselines every this many steps (0: only before and after training;
+    the kept model is the better of the two)"""
     select_on: Literal["all", "interactive"] = "all"
     """the attainment the periodic evaluation ranks models by: of every request, or of the
     interactive ones (the scorecard judges those first; batch requests then count only
@@ -280,6 +281,8 @@ def parse_config(argv: list[str] | None = None) -> Config:
     if cfg.windows < 0 or cfg.imitation_windows < 1 or cfg.dagger_rounds < 0:
         refuse(f"--windows ({cfg.windows}) and --dagger-rounds ({cfg.dagger_rounds}) must be "
                f">= 0 and --imitation-windows ({cfg.imitation_windows}) >= 1")
+    if cfg.eval_every < 0:
+        refuse(f"--eval-every must be >= 0 (0: no periodic evaluation), got {cfg.eval_every}")
     if cfg.warm_start != "none" and cfg.windows < 1:
         refuse("--warm-start labels windows of the pool: it needs --windows >= 1")
     try:
@@ -315,6 +318,7 @@ def main(argv: list[str] | None = None, *,
     from agents.oracle import SEARCH_ONLY_NAME
     from agents.registry import EvalSpec, make_controller, reference_knobs
     from agents.sb3_callbacks import CurriculumCallback, ObservationRecorder, PeriodicEval
+    from env.traces import TRAIN_SPLIT_S, split
     from env.traces.resolve import resolve_trace, trace_label
     from env.windows import Curriculum
     from runtime.engine.profile import Profile
@@ -324,12 +328,18 @@ def main(argv: list[str] | None = None, *,
     date = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_name = cfg.run_name or f"batchpilot-{cfg.preset}-{date}-s{cfg.seed}"
     run_dir = Path(cfg.out_dir) / run_name
-    run_dir.mkdir(parents=True, exist_ok=True)
     trace_ranges = parse_traces(cfg.trace, (cfg.rate_scale_min, cfg.rate_scale_max))
     traces = [t for t, _ in trace_ranges]
     for t in traces:  # fail early, with the reader's message, on a bad trace
-        resolve_trace(t)
+        trace = resolve_trace(t)
+        for part in ("train", "eval"):  # episodes come from one, the final evaluation the other
+            try:
+                split(trace, part)
+            except ValueError as e:
+                refuse(f"--trace {t}: {e} (training draws its episodes from the first "
+                       f"{TRAIN_SPLIT_S:g} s and the final evaluation replays the rest)")
     profile = Profile.load(cfg.profile)  # and on a bad profile
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1) + "\n")
     print(f"run {run_name}: preset {cfg.preset}, traces {', '.join(traces)}, "
           f"{cfg.total_timesteps:,} steps on {cfg.n_envs} environments -> {run_dir}")

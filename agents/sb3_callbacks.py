@@ -13,6 +13,7 @@ it chose over time on the first window (``knobs_over_time``, a table of simulate
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,8 @@ class PeriodicEval(BaseCallback):
     :param venv: the training VecNormalize (its statistics normalise the evaluated policy's input)
     :param run_dir: the best model and its normaliser are saved here
     :param baselines: the baselines' evaluations, logged beside the policy's
-    :param eval_every: environment steps between evaluations
+    :param eval_every: environment steps between evaluations (0: none in between; training
+        evaluates before it starts and after it ends either way)
     :param on_evaluate: called with every evaluation (``{"step": ..., **result}``)
     :param interval_s: the decision interval (the time axis of the knobs over time)
     :param timeline_len: decisions of the knobs-over-time table (the first window's, when the
@@ -118,8 +120,11 @@ class PeriodicEval(BaseCallback):
         self.venv = venv
         self.run_dir = run_dir
         self.baselines = baselines
+        if eval_every < 0:
+            raise ValueError(f"eval_every must be >= 0 (0: no periodic evaluation), got "
+                             f"{eval_every}")
         self.eval_every = eval_every
-        self.next_eval = eval_every
+        self.next_eval = eval_every if eval_every > 0 else math.inf
         self.best = -float("inf")
         """the kept evaluation's score (or mean attainment)"""
         self.best_key: tuple[int, float] = (-1, -float("inf"))

@@ -58,6 +58,24 @@ def test_bad_flags_are_refused_by_name():
         "--vec-env", "ray", "--ray-workers", "5")
     assert "--select-within must be in [0, 1] (a share of requests), got -0.1" in refused(
         "--select-within", "-0.1")
+    assert "--eval-every must be >= 0 (0: no periodic evaluation), got -1" in refused(
+        "--eval-every", "-1")
+
+
+def test_eval_every_zero_evaluates_only_before_and_after_training(tmp_path):
+    from agents.sb3_callbacks import PeriodicEval
+
+    for every, due in ((0, []), (100, [100, 200])):
+        cb = PeriodicEval(lambda _: {}, None, tmp_path, {}, every)
+        evaluated = []
+        cb.evaluate = lambda cb=cb, evaluated=evaluated: evaluated.append(cb.num_timesteps)
+        cb.locals = {"infos": []}
+        for step in range(50, 250, 50):
+            cb.num_timesteps = step
+            cb._on_step()
+        assert evaluated == due, every
+    with pytest.raises(ValueError, match="eval_every must be >= 0"):
+        PeriodicEval(lambda _: {}, None, tmp_path, {}, -5)
 
 
 def test_a_mistyped_boolean_is_an_error_naming_the_flag_not_false():
@@ -221,3 +239,11 @@ def test_the_periodic_evaluation_reads_the_busiest_minutes_of_the_train_split():
     chosen = (a >= start) & (a < start + 300.0)
     assert list(window.prompt_tokens) == list(train.prompt_tokens[chosen])
     assert len(windows[1][3]) == len(window)  # the scaled one: the same requests, compressed
+
+
+def test_a_trace_without_a_held_out_part_is_refused_before_training(tmp_path):
+    short = tmp_path / "short.csv"
+    short.write_text("arrival_s,prompt_tokens,output_tokens\n0.5,100,20\n30,200,10\n")
+    message = refused("--trace", str(short), "--out-dir", str(tmp_path / "runs"))
+    assert "--trace" in message and "has no request in its eval part" in message
+    assert not (tmp_path / "runs").exists()  # nothing written for a run that cannot start
