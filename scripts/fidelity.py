@@ -47,6 +47,7 @@ import copy
 import dataclasses
 import json
 import os
+import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -180,6 +181,11 @@ class Args(ServeReplayArgs):
     repeats: int = 3
     """--engine vllm: (calibration, measured) replay pairs, one after the other; each figure
     is reported as the median of the pairs with its range"""
+    save_profile: Path | None = None
+    """--engine vllm: write the profile calibrated in situ, its cost model fitted to every
+    pair's calibration steps together (the steps as the interval loop lived them, scheduling and
+    the controller included), to this file: the profile for the arena and for training
+    (``--profile``) on this machine"""
 
 
 FIGURES = ("iter_err_median", "iter_err_p90", "iter_bias_median", "ttft_p50_err",
@@ -228,6 +234,27 @@ def step_features(engine) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def save_in_situ(base: Profile, calibration: list[tuple[np.ndarray, np.ndarray]], args: Args,
+                 version: str, path: Path) -> dict:
+    """Fit the cost model to every calibration replay's steps together and write ``base`` with
+    it to ``path``, marked measured in situ; returns what the file's ``fit`` records."""
+    x = np.concatenate([cx for cx, _ in calibration])
+    y = np.concatenate([cy for _, cy in calibration])
+    cost = fit_cost_model(x, y)
+    fit = {"method": "in situ: the cost model fitted to vLLM's steps as the interval loop lived "
+                     "them (scripts/fidelity.py --save-profile)",
+           "engine": f"vllm {version}", "steps": int(len(y)),
+           "replays": len(calibration), "seconds_each": args.calibrate_seconds,
+           "rate_rps": args.rate, "trace": args.trace, "controller": args.controller,
+           "fit_rel_err_median": float(np.median(np.abs(predict(cost, x) - y) / y)),
+           "load_1m": os.getloadavg()[0], "machine": platform.node()}
+    profile = dataclasses.replace(base, name=path.stem, kind="measured", cost=cost,
+                                  fit={**base.fit, "in_situ": fit})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    return {"path": str(path), "cost": dataclasses.asdict(cost), **fit}
+
+
 def fidelity_vllm(args: Args, log) -> dict:
     """The fidelity figures against a live vLLM engine: ``repeats`` pairs of a calibration
     replay (the next window of the trace, or the Poisson stream of seed + 1000) and a measured
@@ -243,10 +270,12 @@ def fidelity_vllm(args: Args, log) -> dict:
     else:
         cargs.seed = args.seed + 1000
     pairs = []
+    calibration: list[tuple[np.ndarray, np.ndarray]] = []
     for k in range(args.repeats):
         log(f"pair {k + 1}/{args.repeats}: calibration replay ({cargs.duration:g} s) ...")
         _, cal = run_vllm(cargs, server, record_steps=True)
         cx, cy = step_features(cal)
+        calibration.append((cx, cy))
         cost = fit_cost_model(cx, cy)
         profile = dataclasses.replace(shipped, name=shipped.name + "+in-situ", cost=cost)
         log(f"pair {k + 1}/{args.repeats}: measured replay ({args.duration:g} s) ...")
@@ -267,6 +296,10 @@ def fidelity_vllm(args: Args, log) -> dict:
             f"{pair['attainment_measured']:.1%} measured / {pair['attainment_simulated']:.1%} "
             f"simulated")
     out: dict = {}
+    if args.save_profile is not None:
+        out["saved_profile"] = save_in_situ(shipped, calibration, args, server.version,
+                                            args.save_profile)
+        log(f"in-situ profile -> {args.save_profile}")
     for key in FIGURES:
         values = [p[key] for p in pairs]
         out[key] = float(np.median(values))
