@@ -18,7 +18,8 @@ probing the server:
   before the first hardening); ``string_rows``: 4,096 rows of 29 string values (2 MB);
   ``extra_keys``: one observation with 380k unknown keys (4 MB); ``text_plain``: a batch as
   ``text/plain``; ``repeated_key``: an observation with ``ooms`` twice;
-- ``at_cap``: valid 4,096-row batches of ~4 MB, back to back;
+- ``at_cap``: valid 4,096-row batches of ~4 MB, back to back; ``lane_cap``: valid batches
+  just under the batch worker's small lane's limit (256 KB, about 300 rows), back to back;
 - ``big_header``: one header of up to 96 MB in 64 KB writes, then a valid body;
   ``many_headers``: 5,000 header lines; ``pipelined``: five good requests, ``GARBAGE`` and five
   more in one write;
@@ -63,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.api.batch_worker import SMALL_LANE_BYTES
 from runtime.locations import shipped_policy_dir
 from runtime.observation import OBSERVATION_NAMES, example_fields
 
@@ -193,11 +195,12 @@ def _request(path: str, body: bytes, content_type: bytes = b"application/json",
             + body)
 
 
-def _at_cap_batch() -> bytes:
-    """A valid batch of 4,096 rows of full-precision values, just under the body limit."""
+def _at_cap_batch(cap: int = CAP_BYTES, num_rows: int = 4096) -> bytes:
+    """A valid batch of ``num_rows`` rows of full-precision values, just under ``cap`` bytes
+    (by default the body limit)."""
     rng = np.random.default_rng(0)
     rows = []
-    for _ in range(4096):
+    for _ in range(num_rows):
         row = {k: float(v) * (1 + float(rng.uniform(0, 1e-3))) for k, v in OBSERVATION.items()}
         for k in ("kv_utilization", "kv_fragmentation", "slo_attainment", "kv_utilization_prev",
                   "batch_deadline_margin", "cotenant_demand_fraction", "kv_cache_ratio",
@@ -207,9 +210,12 @@ def _at_cap_batch() -> bytes:
             row[k] = OBSERVATION[k]
         rows.append(row)
     body = json.dumps({"observations": rows}).encode()
-    if len(body) > CAP_BYTES:  # trim the digits until it fits
+    if len(body) > cap:  # trim the digits until it fits
         body = json.dumps({"observations": [{k: round(v, 12) for k, v in r.items()}
                                             for r in rows]}).encode()
+    while len(body) > cap:  # then the rows
+        rows.pop()
+        body = json.dumps({"observations": rows}).encode()
     return body
 
 
@@ -242,6 +248,7 @@ def attack_requests() -> dict[str, bytes | list[bytes]]:
                                json.dumps({"observations": [OBSERVATION]}).encode(), b"text/plain"),
         "repeated_key": _request("/v1/decide", one[:-1] + b', "ooms": 3}'),
         "at_cap": _request("/v1/decide/batch", _at_cap_batch()),
+        "lane_cap": _request("/v1/decide/batch", _at_cap_batch(SMALL_LANE_BYTES, 400)),
         "big_header": _big_header(),
         "many_headers": (b"GET /healthz HTTP/1.1\r\nHost: soak\r\n"
                          + b"".join(b"X-%d: 1\r\n" % i for i in range(5000)) + b"\r\n"),
@@ -256,7 +263,7 @@ def attack_requests() -> dict[str, bytes | list[bytes]]:
 
 CONNECTION_ATTACKS = ("slow", "silent")
 ATTACKS = ("empty_rows", "string_rows", "extra_keys", "text_plain", "repeated_key", "at_cap",
-           "big_header", "many_headers", "pipelined", "reload_huge", "reload_limit",
+           "lane_cap", "big_header", "many_headers", "pipelined", "reload_huge", "reload_limit",
            "reload_outside", "reload_no_token", "slow", "silent")
 """every attack's name"""
 

@@ -13,14 +13,16 @@ from pydantic import TypeAdapter
 
 from runtime.api import parsing
 from runtime.api.batch import answer_batch, decisions_json, defaults_for
-from runtime.api.batch_worker import BatchWorker, WorkerUnavailable
+from runtime.api.batch_worker import SMALL_LANE_BYTES, BatchWorker, WorkerUnavailable
 from runtime.api.parsing import BodyErrors, _Errors, _validate_rows, parse_batch
 from runtime.api.routes.decide import decision_out
 from runtime.api.schemas import BatchResponse
 from runtime.decider.breaker import CircuitBreaker
 from runtime.decider.guard import GuardedDecider
+from runtime.decider.onnx_policy import DEFAULT_MAX_POLICY_BYTES
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 from runtime.observation import OBSERVATION_NAMES, REQUIRED_NAMES, vectors_from_rows
+from scripts.soak import limit_file
 from tests.conftest import FIXTURES, raw_fields
 
 _RESPONSE = TypeAdapter(BatchResponse)
@@ -186,13 +188,9 @@ def test_a_body_handed_over_in_pieces_is_answered_as_the_whole_body(worker):
     assert answer == answer_batch(body, _decider())._replace(stats=answer.stats)
 
 
-def test_clients_take_turns_at_the_worker(worker):
-    """Client A queues six at-cap batches, then B a small one: B's answer comes before all of
-    A's but the one in progress (the least served client goes next, a stage at a time), where a
-    queue would have made it wait for all six."""
-    d = _decider()
-    big = json.dumps({"observations": [raw_fields()] * 4096}).encode()
-    small = json.dumps({"observations": [raw_fields()] * 50}).encode()
+def _queue_and_note(worker, d, jobs: list[tuple[str, str, bytes]]) -> list[str]:
+    """Submit ``(name, client, body)`` jobs at once, in order; the names in the order their
+    answers came."""
     done: list[str] = []
     lock = threading.Lock()
 
@@ -203,17 +201,47 @@ def test_clients_take_turns_at_the_worker(worker):
         return callback
 
     futures = []
-    for k in range(6):
-        f = worker.submit(d, "A", big, False)
-        f.add_done_callback(note(f"A{k}"))
+    for name, client, body in jobs:
+        f = worker.submit(d, client, body, False)
+        f.add_done_callback(note(name))
         futures.append(f)
-    time.sleep(0.05)
-    f = worker.submit(d, "B", small, False)
-    f.add_done_callback(note("B"))
-    futures.append(f)
     for f in futures:
-        f.result(timeout=120)
+        assert f.result(timeout=120).status == 200
+    return done
+
+
+def test_clients_take_turns_at_the_worker(worker):
+    """Client A queues six at-cap batches, then B one just over the small lane's limit (both in
+    the large lane): B's answer comes before all of A's but the one in progress (the two take
+    turns, the least served client next), where a queue would have made it wait for all six."""
+    big = json.dumps({"observations": [raw_fields()] * 4096}).encode()
+    over = json.dumps({"observations": [raw_fields()] * 500}).encode()
+    assert len(over) > SMALL_LANE_BYTES
+    done = _queue_and_note(worker, _decider(), [(f"A{k}", "A", big) for k in range(6)]
+                           + [("B", "B", over)])
     assert done.index("B") <= 1, done
+
+
+def test_a_small_batch_does_not_wait_for_the_large_lane(worker, tmp_path):
+    """Three policy checks of a file onnxruntime takes milliseconds to refuse (one stage each,
+    which no turn can cut) queued, then a 50-row batch from another client: the batch, in the
+    small lane's process, is answered before the first check, where in one worker it waited for
+    the check in progress."""
+    path = tmp_path / "limit.onnx"
+    size = 4 * DEFAULT_MAX_POLICY_BYTES  # about 30 ms to refuse: far longer than the batch
+    path.write_bytes(limit_file(size))
+    small = json.dumps({"observations": [raw_fields()] * 50}).encode()
+    assert len(small) <= SMALL_LANE_BYTES
+    d = _decider()
+    assert worker.submit(d, "B", small, False).result(timeout=60).status == 200  # its copy made
+    done: list[str] = []
+    checks = [worker.check_policy("A", str(path), size + 1) for _ in range(3)]
+    checks[0].add_done_callback(lambda _: done.append("check"))
+    batch = worker.submit(d, "B", small, False)
+    batch.add_done_callback(lambda _: done.append("batch"))
+    assert batch.result(timeout=60).status == 200
+    assert {c.result(timeout=60).status for c in checks} == {422}
+    assert done == ["batch", "check"]
 
 
 def test_a_worker_that_dies_fails_its_batches_and_is_started_again():
@@ -222,7 +250,7 @@ def test_a_worker_that_dies_fails_its_batches_and_is_started_again():
     d = _decider()
     body = json.dumps({"observations": [raw_fields()] * 4096}).encode()
     future = w.submit(d, "a", body, False)
-    w._gen.proc.kill()  # the process dies under the batch
+    w.process("large").kill()  # the process dies under the batch
     with pytest.raises(WorkerUnavailable):
         future.result(timeout=30)
     again = w.submit(d, "a", body, False).result(timeout=60)

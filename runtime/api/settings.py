@@ -103,11 +103,11 @@ class Settings(BaseSettings):
     """the HTTP/1.1 parser: ``httptools`` (llhttp, in C: the faster) or ``h11`` (pure Python);
     the header, idle and pipelining limits hold under both"""
     batch_worker: bool = True
-    """batch bodies over 16 KB are answered by a worker process at a lower CPU priority, taken
-    round-robin between clients (``false``: on the event loop, where one client's large batches
-    hold up every other client's answers)"""
+    """batch bodies over 16 KB are answered by worker processes at a lower CPU priority (one for
+    bodies up to 256 KB, one for larger ones), taken round-robin between clients (``false``: on
+    the event loop, where one client's large batches hold up every other client's answers)"""
     batch_worker_nice: int = Field(10, ge=0, le=19)
-    """how much lower the batch worker's CPU priority is than the server's (0: the same; on a
+    """how much lower the batch workers' CPU priority is than the server's (0: the same; on a
     machine shared with other low-priority work, a high value leaves the batches little CPU)"""
     require_policy: bool = False
     """``GET /readyz`` answers 503 while no policy is loaded (else PID alone counts as ready)"""
