@@ -47,7 +47,6 @@ class ClosedFormMixin(SteppingMixin, DeadlinesMixin, DecodeClockMixin):
         work (arrivals, certain misses, admission, one iteration or one stretch), with the
         decode-only stretch written out here."""
         dl = self._deadlines
-        pending = self._pending
         waiting, late, waiting_batch = self.waiting, self.late, self.waiting_batch
         pool = self.pool
         bs = self.block_size
@@ -63,10 +62,14 @@ class ClosedFormMixin(SteppingMixin, DeadlinesMixin, DecodeClockMixin):
         heappop = heapq.heappop
         n_of = -1  # the batch size the stretch constants below are for
         a0 = bq = bq2 = bq4 = 0.0
+        iv = self._interval  # (an interval closes between run_until calls, never inside one)
+        # the next arrival: only _take_arrivals, below, moves it inside the loop
+        next_arrival = self._next_arrival_s()
         while self.now < t:
             now = self.now
-            if self._next_pending < len(pending) and pending[self._next_pending].arrival_s <= now:
+            if next_arrival <= now:
                 self._take_arrivals()
+                next_arrival = self._next_arrival_s()
             if dl and dl[0][0] <= now:
                 self._count_certain_violations()
             if waiting:
@@ -103,10 +106,8 @@ class ClosedFormMixin(SteppingMixin, DeadlinesMixin, DecodeClockMixin):
             # expiring batch one), the next deadline; at the first completion; or where the
             # first decode would find no free block.
             wake = t
-            if self._next_pending < len(pending):
-                arrival = pending[self._next_pending].arrival_s
-                if arrival < wake:
-                    wake = arrival
+            if next_arrival < wake:
+                wake = next_arrival
             if waiting:
                 deadline = waiting[0].arrival_s + window_s
                 if now < deadline < wake:
@@ -190,7 +191,6 @@ class ClosedFormMixin(SteppingMixin, DeadlinesMixin, DecodeClockMixin):
             self.now = end
             self.num_iterations += k
             self.num_fast_stretches += 1
-            iv = self._interval
             iv.iterations += k
             iv.busy_s += end - now
             iv.decode_tokens += n * k
@@ -225,13 +225,15 @@ class ClosedFormMixin(SteppingMixin, DeadlinesMixin, DecodeClockMixin):
         bs = self.block_size
         now = self._clock
         buckets = self._buckets
-        per_residue = [0] * bs  # blocks a request of each residue takes
-        total = 0
-        for i in range(bs):
-            m = (k - 1 - i) // bs + 1
-            b = (now + i) % bs
-            per_residue[b] = m
-            total += m * len(buckets[b])
+        # a request of residue (now + i) % bs crosses into a block at iterations i, i + bs, ...
+        # of the k: q + 1 blocks for the first ``rem`` residues from now, q for the others
+        q, rem = divmod(k, bs)
+        per_residue = [q] * bs  # blocks a request of each residue takes
+        total = q * len(self.running)
+        for i in range(now, now + rem):
+            b = i % bs
+            per_residue[b] = q + 1
+            total += len(buckets[b])
         got = self.pool.allocate(total)
         assert got is not None, "the stretch reserved these blocks"
         hi = len(got)
