@@ -104,7 +104,7 @@ def create_app(settings: Settings | None = None, decider: GuardedDecider | None 
     settings = settings if settings is not None else load_settings()
     decider = decider if decider is not None else decider_from_settings(settings)
     if worker is None and settings.batch_worker:
-        worker = shared_worker(settings.batch_worker_nice)
+        worker = shared_worker(settings.batch_worker_nice, settings.batch_worker_small_nice)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -632,8 +632,8 @@ def main(argv: list[str] | None = None) -> int:
                          "the server's CPU; below 0 needs the privilege to raise a priority)")
     ap.add_argument("--hostile-nice", type=int, default=0,
                     help="added to the hostile clients' CPU priority (0; 19 leaves the server's "
-                         "processes, the batch worker at nice 10 included, every CPU cycle they "
-                         "want first: the hostile clients' own CPU use is then no part of the "
+                         "processes, the batch workers at nice 0 and 10 included, every CPU cycle "
+                         "they want first: the hostile clients' own CPU use is then no part of the "
                          "figures, but they send less while the server is busy)")
     ap.add_argument("--repo", type=Path, default=REPO,
                     help="the checkout whose server is soaked (this one; another commit's "

@@ -4,6 +4,7 @@ error, and the worker process that answers large bodies schedules clients fairly
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -242,6 +243,19 @@ def test_a_small_batch_does_not_wait_for_the_large_lane(worker, tmp_path):
     assert batch.result(timeout=60).status == 200
     assert {c.result(timeout=60).status for c in checks} == {422}
     assert done == ["batch", "check"]
+
+
+def test_each_lane_runs_at_its_own_priority():
+    w = BatchWorker(nice=7, small_nice=3)
+    assert w.wait_ready()
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        for lane, nice in (("small", 3), ("large", 7)):
+            proc = w.process(lane)
+            assert proc is not None
+            assert os.getpriority(os.PRIO_PROCESS, proc.pid) == min(base + nice, 19), lane
+    finally:
+        w.close()
 
 
 def test_a_worker_that_dies_fails_its_batches_and_is_started_again():

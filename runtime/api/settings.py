@@ -103,12 +103,17 @@ class Settings(BaseSettings):
     """the HTTP/1.1 parser: ``httptools`` (llhttp, in C: the faster) or ``h11`` (pure Python);
     the header, idle and pipelining limits hold under both"""
     batch_worker: bool = True
-    """batch bodies over 16 KB are answered by worker processes at a lower CPU priority (one for
-    bodies up to 256 KB, one for larger ones), taken round-robin between clients (``false``: on
+    """batch bodies over 16 KB are answered by worker processes (one for bodies up to 256 KB, one
+    at a lower CPU priority for larger ones), taken round-robin between clients (``false``: on
     the event loop, where one client's large batches hold up every other client's answers)"""
     batch_worker_nice: int = Field(10, ge=0, le=19)
-    """how much lower the batch workers' CPU priority is than the server's (0: the same; on a
-    machine shared with other low-priority work, a high value leaves the batches little CPU)"""
+    """how much lower the large batches' worker's CPU priority is than the server's (0: the
+    same; on a machine shared with other low-priority work, a high value leaves the batches
+    little CPU)"""
+    batch_worker_small_nice: int = Field(0, ge=0, le=19)
+    """the same for the worker of batch bodies up to 256 KB (0: the server's priority; their
+    work is bounded and queued fairly, and at a lower priority a small batch waited for a CPU
+    behind every busy process)"""
     require_policy: bool = False
     """``GET /readyz`` answers 503 while no policy is loaded (else PID alone counts as ready)"""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
