@@ -9,17 +9,18 @@ a policy folder that also holds the files the reload attacks name), then runs go
 the whole run and hostile clients in alternate segments: after a warm-up, ``--segment-s``
 without them, ``--segment-s`` with them, and so on, so that both conditions see the same noise
 of a shared machine. A good client sends single decisions at ``--good-rate`` a second on a
-keep-alive connection (0: back to back), every tenth request a 64-row batch. Each hostile
-client cycles through the attacks (``--attacks``; with ``--each``, every segment with hostile
-clients runs one attack, each attack ``--rounds`` times, in turn), the worst inputs found by
-probing the server:
+keep-alive connection (0: back to back), every tenth request a batch of ``--good-batch-rows``
+(64). Each hostile client cycles through the attacks (``--attacks``; with ``--each``, every
+segment with hostile clients runs one attack, each attack ``--rounds`` times, in turn), the
+worst inputs found by probing the server:
 
 - ``empty_rows``: 4,096 empty rows to ``/v1/decide/batch`` (16 KB; 81,920 validation errors
   before the first hardening); ``string_rows``: 4,096 rows of 29 string values (2 MB);
   ``extra_keys``: one observation with 380k unknown keys (4 MB); ``text_plain``: a batch as
   ``text/plain``; ``repeated_key``: an observation with ``ooms`` twice;
 - ``at_cap``: valid 4,096-row batches of ~4 MB, back to back; ``lane_cap``: valid batches
-  just under the batch worker's small lane's limit (256 KB, about 300 rows), back to back;
+  just under the batch worker's small lane's limit (256 KB, about 270 rows), and
+  ``inline_cap``: just under the limit of those answered on the event loop (64 KB, 67 rows);
 - ``big_header``: one header of up to 96 MB in 64 KB writes, then a valid body;
   ``many_headers``: 5,000 header lines; ``pipelined``: five good requests, ``GARBAGE`` and five
   more in one write;
@@ -65,6 +66,7 @@ from pathlib import Path
 import numpy as np
 
 from runtime.api.batch_worker import SMALL_LANE_BYTES
+from runtime.api.routes.decide import INLINE_BODY_BYTES
 from runtime.locations import shipped_policy_dir
 from runtime.observation import OBSERVATION_NAMES, example_fields
 
@@ -120,15 +122,17 @@ def _pin(cpus: set[int] | None) -> None:
 
 # ------------------------------------------------------------------------------------ clients
 def good_client(port: int, segment: mp.Value, stop: mp.Event, rate: float,
-                cpus: set[int] | None, out: mp.Queue, nice: int = 0) -> None:
-    """Decide one observation after another at ``rate`` a second (0: back to back); latencies
-    by segment (single decisions and batches apart), statuses counted. ``nice``: added to the
-    client's CPU priority (negative: ahead of the server's processes; see ``--good-nice``)."""
+                cpus: set[int] | None, out: mp.Queue, nice: int = 0,
+                batch_rows: int = 64) -> None:
+    """Decide one observation after another at ``rate`` a second (0: back to back), every tenth
+    request a batch of ``batch_rows``; latencies by segment (single decisions and batches
+    apart), statuses counted. ``nice``: added to the client's CPU priority (negative: ahead of
+    the server's processes; see ``--good-nice``)."""
     _pin(cpus)
     if nice:
         os.nice(nice)
     one = json.dumps(OBSERVATION).encode()
-    batch = json.dumps({"observations": [OBSERVATION] * 64}).encode()
+    batch = json.dumps({"observations": [OBSERVATION] * batch_rows}).encode()
     latencies: dict[int, array] = {}
     batch_latencies: dict[int, array] = {}
     statuses: dict[int, int] = {}
@@ -249,6 +253,7 @@ def attack_requests() -> dict[str, bytes | list[bytes]]:
         "repeated_key": _request("/v1/decide", one[:-1] + b', "ooms": 3}'),
         "at_cap": _request("/v1/decide/batch", _at_cap_batch()),
         "lane_cap": _request("/v1/decide/batch", _at_cap_batch(SMALL_LANE_BYTES, 400)),
+        "inline_cap": _request("/v1/decide/batch", _at_cap_batch(INLINE_BODY_BYTES, 120)),
         "big_header": _big_header(),
         "many_headers": (b"GET /healthz HTTP/1.1\r\nHost: soak\r\n"
                          + b"".join(b"X-%d: 1\r\n" % i for i in range(5000)) + b"\r\n"),
@@ -263,8 +268,8 @@ def attack_requests() -> dict[str, bytes | list[bytes]]:
 
 CONNECTION_ATTACKS = ("slow", "silent")
 ATTACKS = ("empty_rows", "string_rows", "extra_keys", "text_plain", "repeated_key", "at_cap",
-           "lane_cap", "big_header", "many_headers", "pipelined", "reload_huge", "reload_limit",
-           "reload_outside", "reload_no_token", "slow", "silent")
+           "lane_cap", "inline_cap", "big_header", "many_headers", "pipelined", "reload_huge",
+           "reload_limit", "reload_outside", "reload_no_token", "slow", "silent")
 """every attack's name"""
 
 
@@ -373,7 +378,7 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
          max_open: int, attacks: tuple[str, ...] = ATTACKS, each: bool = False,
          good_rate: float = 100.0, silent: int = 260, pin: bool = False,
          rounds: int = 1, repo: Path = REPO, pin_worker: bool = False,
-         good_nice: int = 0, hostile_nice: int = 0) -> dict:
+         good_nice: int = 0, hostile_nice: int = 0, good_batch_rows: int = 64) -> dict:
     if each:  # every attack its rounds, each between two segments without hostile clients
         duration_s = max(duration_s, each_duration(warmup_s, segment_s, len(attacks), rounds))
     port = free_port()
@@ -406,7 +411,7 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
         stop, out = mp.Event(), mp.Queue()
         procs = [mp.Process(target=good_client,
                             args=(port, segment, stop, good_rate, server_cpus, out,
-                                  good_nice))
+                                  good_nice, good_batch_rows))
                  for _ in range(good)]
         procs += [mp.Process(target=hostile_client,
                              args=(port, active, stop, max_open, silent, attacks, hostile_cpus,
@@ -452,6 +457,7 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
     return {"repo": str(repo), "duration_s": duration_s, "warmup_s": warmup_s,
             "segment_s": segment_s,
             "good_clients": good, "hostile_clients": hostile, "good_rate": good_rate,
+            "good_batch_rows": good_batch_rows,
             "good_nice": good_nice, "hostile_nice": hostile_nice,
             "pinned": ({"server_loop_and_good_clients": sorted(server_cpus or ()),
                         "hostile_clients": sorted(hostile_cpus or ()),
@@ -608,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--good-clients", type=int, default=2)
     ap.add_argument("--good-rate", type=float, default=100.0,
                     help="single decisions a second per good client (100; 0: back to back)")
+    ap.add_argument("--good-batch-rows", type=int, default=64,
+                    help="rows in the good clients' batches, every tenth request (64: 49 KB, "
+                         "answered on the event loop; 128 or more go to the batch worker)")
     ap.add_argument("--hostile-clients", type=int, default=2)
     ap.add_argument("--max-open", type=int, default=8,
                     help="slow connections each hostile client keeps open at most (8)")
@@ -663,14 +672,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"soak: {flag} {nice}: {problem}", file=sys.stderr)
             return 2
     if (min(args.good_clients, args.hostile_clients, args.max_open, args.silent) < 0
-            or not args.good_clients or args.good_rate < 0):
-        print("soak: client counts and the rate must be >= 0, with at least one good client",
-              file=sys.stderr)
+            or not args.good_clients or args.good_rate < 0
+            or not 1 <= args.good_batch_rows <= 4096):
+        print("soak: client counts and the rate must be >= 0, with at least one good client, "
+              "and --good-batch-rows between 1 and 4096", file=sys.stderr)
         return 2
     r = soak(duration, args.warmup_s, args.segment_s, args.good_clients, args.hostile_clients,
              args.max_open, attacks, args.each, args.good_rate, args.silent, args.pin,
              args.rounds, args.repo.resolve(), args.pin_worker, args.good_nice,
-             args.hostile_nice)
+             args.hostile_nice, args.good_batch_rows)
     if args.json:
         print(json.dumps(r))
         return 0

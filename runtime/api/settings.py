@@ -103,7 +103,7 @@ class Settings(BaseSettings):
     """the HTTP/1.1 parser: ``httptools`` (llhttp, in C: the faster) or ``h11`` (pure Python);
     the header, idle and pipelining limits hold under both"""
     batch_worker: bool = True
-    """batch bodies over 16 KB are answered by worker processes (one for bodies up to 256 KB, one
+    """batch bodies over 64 KB are answered by worker processes (one for bodies up to 256 KB, one
     at a lower CPU priority for larger ones), taken round-robin between clients (``false``: on
     the event loop, where one client's large batches hold up every other client's answers)"""
     batch_worker_nice: int = Field(10, ge=0, le=19)
