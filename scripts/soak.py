@@ -41,9 +41,10 @@ their priority over the server's processes, so that their latency is the server'
 their own wait for a CPU, as for clients on other machines. Reports the
 good clients' decision latency (p50, p99) without and with the hostile clients and their ratio
 (per attack with ``--each``, with the spread over rounds), every good answer that was not a 200
-(5xx counted apart), the hostile answers by status, and the server's resident memory (its
-process and its batch worker's): the slope after the warm-up (a least-squares line through one
-sample a second) in MiB per minute, and the peak.
+(5xx counted apart), the hostile answers by status, and the server's memory (its process and
+its batch worker's two, their resident sizes summed, and their proportional set sizes, which
+count shared pages once): the slope after the warm-up (a least-squares line through one sample
+a second) in MiB per minute, and the peak.
 """
 
 from __future__ import annotations
@@ -95,24 +96,39 @@ def _status_field(pid: int, field: str) -> int:
 
 
 def server_processes(pid: int) -> list[int]:
-    """The server and its children (the batch worker)."""
+    """The server and its children (the batch worker's lanes), whichever of its threads started
+    them (the lanes start from a thread of the server's: listing only the main thread's children
+    left them out of the figures before 2026-12-04)."""
+    return [pid, *children(pid)]
+
+
+def _pss(pid: int) -> int:
+    """A process's proportional set size in bytes (its shared pages divided among the processes
+    that map them), or its resident size where ``smaps_rollup`` is not readable."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [pid, *map(int, f.read().split())]
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
     except OSError:
-        return [pid]
+        pass
+    return _status_field(pid, "VmRSS")
 
 
-def rss_bytes(pid: int) -> tuple[int, int]:
-    """(resident, peak resident) bytes of the server and its children, summed."""
-    rss = peak = 0
+def rss_bytes(pid: int) -> tuple[int, int, int, int]:
+    """Resident, peak resident and proportional bytes of the server and its children, each
+    summed (resident sizes count the pages they share once in every process), and how many
+    processes that is."""
+    rss = peak = pss = n = 0
     for p in server_processes(pid):
         try:
             rss += _status_field(p, "VmRSS")
             peak += _status_field(p, "VmHWM")
+            pss += _pss(p)
+            n += 1
         except (OSError, RuntimeError):
             pass  # a child that exited between the listing and the read
-    return rss, peak
+    return rss, peak, pss, n
 
 
 def _pin(cpus: set[int] | None) -> None:
@@ -420,7 +436,7 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
         for p in procs:
             p.start()
         t0 = time.monotonic()
-        memory: list[tuple[float, int]] = []
+        memory: list[tuple[float, int, int, int]] = []
         peak = 0
         hostile_segments: dict[int, int] = {}  # segment index -> attack index (-2: all)
         while (t := time.monotonic() - t0) < duration_s:
@@ -432,8 +448,8 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
                     hostile_segments[index] = (index // 2) % len(attacks) if each else -2
                 active.value = hostile_segments[index] if on else -1
             if t >= warmup_s:
-                rss, hwm = rss_bytes(server.pid)
-                memory.append((t, rss))
+                rss, hwm, pss, n = rss_bytes(server.pid)
+                memory.append((t, rss, pss, n))
                 peak = max(peak, hwm)
             time.sleep(1.0)
         stop.set()
@@ -520,7 +536,7 @@ def _summary(without: np.ndarray, with_hostile: np.ndarray) -> dict:
 
 
 def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str, ...],
-            each: bool, memory: list[tuple[float, int]], peak: int) -> dict:
+            each: bool, memory: list[tuple[float, int, int, int]], peak: int) -> dict:
     singles: dict[int, list] = {}
     batches: dict[int, list] = {}
     good_status: dict[int | str, int] = {}
@@ -571,7 +587,9 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
         out["per_attack"] = per_attack
     t = np.array([m[0] for m in memory])
     mib = np.array([m[1] for m in memory]) / 2**20
+    pss = np.array([m[2] for m in memory]) / 2**20
     slope = float(np.polyfit(t / 60.0, mib, 1)[0]) if len(t) > 2 else float("nan")
+    pss_slope = float(np.polyfit(t / 60.0, pss, 1)[0]) if len(t) > 2 else float("nan")
     out.update({
         "good_status": {str(k): v for k, v in sorted(good_status.items(), key=str)},
         "good_5xx": sum(v for k, v in good_status.items() if isinstance(k, int) and k >= 500),
@@ -582,8 +600,13 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
                    "max": max(t) * 1e3} for name, t in hostile_times.items() if t},
         "memory_mib": {"after_warmup": float(mib[0]) if len(mib) else None,
                        "end": float(mib[-1]) if len(mib) else None,
-                       "peak": peak / 2**20},
+                       "peak": peak / 2**20,
+                       "pss_after_warmup": float(pss[0]) if len(pss) else None,
+                       "pss_end": float(pss[-1]) if len(pss) else None,
+                       "pss_max": float(pss.max()) if len(pss) else None,
+                       "processes": max((m[3] for m in memory), default=0)},
         "memory_slope_mib_per_min": slope,
+        "memory_pss_slope_mib_per_min": pss_slope,
     })
     return out
 
@@ -709,9 +732,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  hostile requests' slowest answers (ms): {slowest}")
     print(f"  server log errors: {r['server_log_errors']}")
     m = r["memory_mib"]
-    print(f"  server memory (with its worker): {m['after_warmup']:.1f} MiB after warm-up, "
-          f"{m['end']:.1f} MiB at the end, peak {m['peak']:.1f} MiB, slope "
-          f"{r['memory_slope_mib_per_min']:+.3f} MiB/min")
+    print(f"  server memory ({m['processes']} processes, resident sizes summed): "
+          f"{m['after_warmup']:.1f} MiB after warm-up, {m['end']:.1f} MiB at the end, peak "
+          f"{m['peak']:.1f} MiB, slope {r['memory_slope_mib_per_min']:+.3f} MiB/min; "
+          f"proportional {m['pss_after_warmup']:.1f} -> {m['pss_end']:.1f} MiB, slope "
+          f"{r['memory_pss_slope_mib_per_min']:+.3f} MiB/min")
     return 0
 
 
