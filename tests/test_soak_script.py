@@ -31,6 +31,7 @@ def test_a_short_soak_reports_both_conditions_errors_and_memory():
     # the server and both lanes of its batch worker, which a thread of the server starts
     assert m["processes"] == 3
     assert 0 < m["pss_end"] <= m["end"] and math.isfinite(r["memory_pss_slope_mib_per_min"])
+    assert r["memory_settled_from_s"] == 1.0 + 2 * 2.5
 
 
 def test_one_attack_a_segment_is_reported_apart():
