@@ -541,6 +541,11 @@ def _summary(without: np.ndarray, with_hostile: np.ndarray) -> dict:
             "p99_ratio": p99_with / p99_without if p99_without > 0 else float("nan")}
 
 
+def _slope(t: np.ndarray, mib: np.ndarray) -> float:
+    """MiB per minute: a least-squares line through samples at ``t`` seconds (nan under 3)."""
+    return float(np.polyfit(t / 60.0, mib, 1)[0]) if len(t) > 2 else float("nan")
+
+
 def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str, ...],
             each: bool, memory: list[tuple[float, int, int, int]], peak: int,
             settled_s: float = 0.0) -> dict:
@@ -595,11 +600,8 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
     t = np.array([m[0] for m in memory])
     mib = np.array([m[1] for m in memory]) / 2**20
     pss = np.array([m[2] for m in memory]) / 2**20
-    slope = float(np.polyfit(t / 60.0, mib, 1)[0]) if len(t) > 2 else float("nan")
-    pss_slope = float(np.polyfit(t / 60.0, pss, 1)[0]) if len(t) > 2 else float("nan")
     late = t >= settled_s
-    settled = (float(np.polyfit(t[late] / 60.0, mib[late], 1)[0]) if late.sum() > 2
-               else float("nan"))
+    slope, pss_slope, settled = _slope(t, mib), _slope(t, pss), _slope(t[late], mib[late])
     out.update({
         "good_status": {str(k): v for k, v in sorted(good_status.items(), key=str)},
         "good_5xx": sum(v for k, v in good_status.items() if isinstance(k, int) and k >= 500),
