@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from runtime.api.batch_worker import BatchWorker, shared_worker
 from runtime.api.deps import Services
-from runtime.api.heap import return_large_blocks
+from runtime.api.heap import HeapTrimmer, return_large_blocks
 from runtime.api.metrics import ServerMetrics
 from runtime.api.parsing import BodyErrors, errors_body
 from runtime.api.protocol import ConnectionLimits, guarded_protocol
@@ -216,6 +216,7 @@ def main() -> None:
         raise SystemExit(2) from None
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     return_large_blocks()
+    HeapTrimmer().start()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.Server(uvicorn_config(settings)).run()

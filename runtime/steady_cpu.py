@@ -19,19 +19,39 @@ THRESHOLD_BYTES = 1 << 30
 """the torch executor's thresholds: everything stays in the heap"""
 
 
+def _glibc(function: str):
+    """``function`` of the C library where it is glibc's (it has ``mallopt``), else None."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        library = ctypes.CDLL(name)
+        library.mallopt  # noqa: B018 (glibc's, not another C library's)
+        return getattr(library, function)
+    except (OSError, AttributeError):
+        return None
+
+
 def set_malloc_thresholds(mmap_bytes: int, trim_bytes: int) -> bool:
     """Fix glibc's mmap and trim thresholds for this process; False where the C library is not
     glibc or refused them."""
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     return bool(mallopt(M_MMAP_THRESHOLD, mmap_bytes)) and bool(
         mallopt(M_TRIM_THRESHOLD, trim_bytes))
+
+
+def trim_heap() -> bool:
+    """Give the free pages of glibc's heaps back to the system (``malloc_trim(0)``): those in
+    the holes between blocks in use as well as the top. False where there is no glibc or it had
+    nothing to give back."""
+    trim = _glibc("malloc_trim")
+    if trim is None:
+        return False
+    trim.argtypes = (ctypes.c_size_t,)
+    return bool(trim(0))
 
 
 def steady_allocator() -> bool:

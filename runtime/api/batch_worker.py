@@ -50,7 +50,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from runtime.api.batch import BatchAnswer, batch_stages
-from runtime.api.heap import return_large_blocks
+from runtime.api.heap import HeapTrimmer, return_large_blocks
 from runtime.api.parsing import Body
 from runtime.decider.guard import GuardedDecider
 
@@ -407,9 +407,14 @@ def _serve(sock: socket.socket) -> None:
     queues: dict[str, deque] = {}  # the clients with jobs, and their jobs in order
     served: dict[str, float] = {}  # seconds of stages each of them has had while waiting
     reader = _Reader(sock)
+    trimmer = HeapTrimmer()
     while True:
         # take every frame that has arrived; wait for one when there is nothing to do
         while not queues or select.select([sock], [], [], 0)[0]:
+            if not queues and trimmer.grown():  # idle: give the large jobs' pages back
+                wait = trimmer.wait_s()
+                if not wait or not select.select([sock], [], [], wait)[0]:
+                    trimmer.trim()
             frame = reader.frame()
             if frame is None:
                 return  # the server closed its end

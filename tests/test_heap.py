@@ -1,0 +1,86 @@
+"""The heap trimmer: when it trims, and that a trim gives free pages back."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from runtime.api.heap import HeapTrimmer, resident_bytes
+from runtime.steady_cpu import trim_heap
+
+MIB = 2**20
+
+
+class _Fake:
+    def __init__(self) -> None:
+        self.rss = 100 * MIB
+        self.now = 0.0
+        self.trimmed = 0
+
+    def trim(self) -> bool:
+        self.trimmed += 1
+        self.rss = 101 * MIB  # what is still held
+        return True
+
+
+def _trimmer(fake: _Fake) -> HeapTrimmer:
+    return HeapTrimmer(growth_bytes=4 * MIB, interval_s=1.0, resident=lambda: fake.rss,
+                       trim=fake.trim, clock=lambda: fake.now)
+
+
+def test_it_trims_after_growth_at_most_once_an_interval():
+    fake = _Fake()
+    t = _trimmer(fake)
+    fake.rss += 3 * MIB
+    assert not t.maybe_trim()  # not grown enough
+    fake.rss += 2 * MIB
+    assert t.maybe_trim() and fake.trimmed == 1 and t.level == 101 * MIB
+    fake.rss = 110 * MIB
+    assert t.wait_s() == 1.0 and not t.maybe_trim()  # grown, but within the interval
+    fake.now = 1.0
+    assert t.maybe_trim() and fake.trimmed == 2
+
+
+def test_growth_counts_from_where_it_shrank_to():
+    fake = _Fake()
+    t = _trimmer(fake)
+    fake.rss = 90 * MIB  # gave memory back on its own
+    assert not t.grown()
+    fake.rss = 94 * MIB
+    assert t.grown()
+
+
+def test_without_a_resident_size_it_never_trims():
+    fake = _Fake()
+    t = HeapTrimmer(growth_bytes=1, resident=lambda: None, trim=fake.trim, clock=lambda: 5.0)
+    assert not t.maybe_trim() and fake.trimmed == 0
+
+
+def test_its_thread_trims_a_process_that_grew():
+    fake = _Fake()
+    t = HeapTrimmer(growth_bytes=4 * MIB, interval_s=0.01, resident=lambda: fake.rss,
+                    trim=fake.trim)
+    fake.rss += 10 * MIB
+    assert t.start().daemon
+    deadline = time.monotonic() + 10
+    while fake.trimmed == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fake.trimmed == 1 and t.trims == 1  # and not again: it has not grown since
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or resident_bytes() is None
+                    or not trim_heap(), reason="glibc's malloc_trim and /proc")
+def test_a_trim_gives_back_the_holes_between_blocks_in_use():
+    """64 MiB in 1 KiB blocks (malloc's, not Python's small-object arenas), all but one in 64
+    freed: the heap keeps its size (the blocks left pin it), and a trim gives the holes back."""
+    blocks = [bytearray(1024) for _ in range(64 * 1024)]
+    kept = blocks[::64]
+    del blocks
+    held = resident_bytes()
+    trim_heap()
+    after = resident_bytes()
+    assert held is not None and after is not None
+    assert held - after > 32 * MIB, (held / MIB, after / MIB)
+    del kept
