@@ -411,12 +411,13 @@ SLICE_ROWS = 256
 _SPACE = b" \t\r\n"
 
 
-def _row_slices(body: Body, counts: dict[int, int]) -> list[bytes] | None:
-    """The rows of a batch body whose byte counts are a valid body's, cut into JSON lists of
-    about :data:`SLICE_BYTES` each, at the ``}`` that end its rows; None when the body's
-    envelope is not plainly ``{"observations": [...]}`` or its ``}`` are not one a row (then it
-    is parsed whole). A cut inside a key would leave a slice with an odd number of quotes, which
-    does not parse: slices that all parse hold exactly the body's rows."""
+def _row_slices(body: Body, counts: dict[int, int]) -> list[tuple[int, int]] | None:
+    """Where the rows of a batch body whose byte counts are a valid body's are cut into JSON
+    lists of about :data:`SLICE_BYTES` each (:func:`_slice` makes one), at the ``}`` that end its
+    rows; None when the body's envelope is not plainly ``{"observations": [...]}`` or its ``}``
+    are not one a row (then it is parsed whole). A cut inside a key would leave a slice with an
+    odd number of quotes, which does not parse: slices that all parse hold exactly the body's
+    rows."""
     start, end = body.find(b"["), body.rfind(b"]")
     if (start < 0 or body[:start].translate(None, _SPACE) != b'{"' + _BATCH_KEY.encode() + b'":'
             or body[end + 1:].translate(None, _SPACE) != b"}"):
@@ -425,63 +426,100 @@ def _row_slices(body: Body, counts: dict[int, int]) -> list[bytes] | None:
             + start).tolist()
     if len(ends) != counts[ord("{")] - 1:
         return None
-    slices = []
+    spans = []
     a = start + 1
     last = ends[-1] if ends else start
     while a <= last:
         k = bisect.bisect_left(ends, a + SLICE_BYTES)
         b = ends[min(k, len(ends) - 1)]
-        slices.append(b"[" + body[a:b + 1] + b"]")
+        spans.append((a, b + 1))
         comma = body.find(b",", b + 1, end)
         a = comma + 1 if comma >= 0 else end
-    return slices
+    return spans
+
+
+def _slice(body: Body, span: tuple[int, int]) -> bytes:
+    """One slice of :func:`_row_slices`, a JSON list of rows (made when it is parsed, so that a
+    body's slices are not all held at once beside it)."""
+    return b"[" + body[span[0]:span[1]] + b"]"
+
+
+def _sliced_rows(body: Body, spans: list[tuple[int, int]]) -> list:
+    """Every row of slices that have each parsed once already."""
+    return [row for span in spans for row in orjson.loads(_slice(body, span))]
 
 
 def batch_rows_stages(body: Body, defaults: dict[str, float]
                       ) -> Generator[None, None, np.ndarray]:
     """:func:`parse_batch` in stages, yielding between them: a large valid body is parsed
-    :data:`SLICE_BYTES` at a time and put into the array :data:`SLICE_ROWS` at a time (each
-    stage a few milliseconds); anything that is not plainly valid is parsed whole for its
-    errors, with the same answer."""
+    :data:`SLICE_BYTES` at a time and put into the array :data:`SLICE_ROWS` at a time as it is
+    parsed (each stage a few milliseconds; a slice's rows are dropped once they are in the
+    array, so a 4 MB body's parsed rows, about 10 MB, are never all held at once); anything that
+    is not plainly valid is parsed whole for its errors, with the same answer."""
     if not body:
         _missing_body()
     counts, problem = _refuse_what_cannot_be_valid(body, 1)
-    slices = (_row_slices(body, counts) if problem is None and len(body) > SLICE_BYTES
-              else None)
+    spans = (_row_slices(body, counts) if problem is None and len(body) > SLICE_BYTES
+             else None)
     rows: list | None = None
-    if slices is not None:
+    x: np.ndarray | None = None
+    if spans is not None:
         yield
-        rows = []
-        for piece in slices:
+        num_rows = num_keys = letters_u = letters_l = 0
+        pending: list = []  # rows parsed and not yet in the array
+        parts: list[np.ndarray] | None = []  # None once a row is not plainly valid
+        for span in spans:
             try:
-                rows.extend(orjson.loads(piece))
+                got = orjson.loads(_slice(body, span))
             except orjson.JSONDecodeError:
-                rows = None
+                parts = pending = None  # type: ignore[assignment]
                 break
+            num_rows += len(got)
+            num_keys += sum(map(len, got))
             yield
-    if rows is None:
-        rows = _envelope_rows(_parse(body))
-    elif len(rows) > MAX_BATCH:
-        raise _one_error((_BATCH_KEY,), f"List should have at most {MAX_BATCH} items after "
-                         f"validation, not {len(rows)}", "too_long")
-    if slices is not None and len(rows) > SLICE_ROWS:
-        parts: list[np.ndarray] | None = []
-        letters_u = letters_l = 0
-        for a in range(0, len(rows), SLICE_ROWS):
-            fast = _rows_fast(rows[a:a + SLICE_ROWS], defaults, numbers_only=True)
-            if fast is None:
-                parts = None
-                break
-            parts.append(fast[0])  # type: ignore[union-attr]
-            letters_u += fast[1]
-            letters_l += fast[2]
-            yield
-        x = (np.concatenate(parts) if parts is not None
-             and _letters_agree(counts, letters_u, letters_l)
-             else _rows_by_pydantic(rows, defaults))
-    else:
+            if parts is None or num_rows > MAX_BATCH:
+                continue  # only counting now
+            pending.extend(got)
+            # the array is cut where it was when every row was parsed first: SLICE_ROWS rows
+            # at a time, once the batch has more than that
+            while len(pending) > SLICE_ROWS or (parts and len(pending) == SLICE_ROWS):
+                fast = _rows_fast(pending[:SLICE_ROWS], defaults, numbers_only=True)
+                if fast is None:
+                    parts = None
+                    break
+                del pending[:SLICE_ROWS]
+                parts.append(fast[0])
+                letters_u += fast[1]
+                letters_l += fast[2]
+                yield
+        if pending is None:  # a slice did not parse
+            rows = None
+        elif num_rows > MAX_BATCH:
+            raise _one_error((_BATCH_KEY,), f"List should have at most {MAX_BATCH} items after "
+                             f"validation, not {num_rows}", "too_long")
+        elif parts is not None and not parts:  # no more than SLICE_ROWS rows: all in `pending`
+            rows = pending
+        else:
+            if parts is not None and pending:
+                fast = _rows_fast(pending, defaults, numbers_only=True)
+                if fast is None:
+                    parts = None
+                else:
+                    parts.append(fast[0])
+                    letters_u += fast[1]
+                    letters_l += fast[2]
+            if parts is not None and _letters_agree(counts, letters_u, letters_l):
+                x = np.concatenate(parts)
+                if 1 + num_keys != counts[ord(":")]:
+                    rows = _sliced_rows(body, spans)
+            else:  # a row that is not plainly valid: every row again, for its errors
+                rows = _sliced_rows(body, spans)
+                x = _rows_by_pydantic(rows, defaults)
+    if x is None:
+        if rows is None:
+            rows = _envelope_rows(_parse(body))
         x = _rows_array(rows, defaults, counts, numbers_only=_quotes_are_keys(counts))
-    if 1 + sum(map(len, rows)) != counts[ord(":")]:
+    if rows is not None and 1 + sum(map(len, rows)) != counts[ord(":")]:
         # every value is a number: the parser kept one of a key given twice
         i, name = _find_repeated_row(body, rows)
         raise _repeated_key_error((_BATCH_KEY, i) if i >= 0 else (_BATCH_KEY,), name)
