@@ -46,7 +46,9 @@ its batch worker's two, their resident sizes summed, and their proportional set 
 count shared pages once): the slope after the warm-up (a least-squares line through one sample
 a second) in MiB per minute, the slope from the end of the first segment in which every attack
 ran (the processes' heaps grow to their working set at the first large bodies: a step, which
-the slope from the warm-up reads as growth), and the peak.
+the slope from the warm-up reads as growth), the largest of the summed samples (``max``) and
+each process's own peak summed (``peak``, an upper bound on the peak of the sum: the processes
+need not peak at one moment).
 """
 
 from __future__ import annotations
@@ -612,6 +614,9 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
                    "max": max(t) * 1e3} for name, t in hostile_times.items() if t},
         "memory_mib": {"after_warmup": float(mib[0]) if len(mib) else None,
                        "end": float(mib[-1]) if len(mib) else None,
+                       "max": float(mib.max()) if len(mib) else None,
+                       # each process's own peak, summed: they need not fall at one moment,
+                       # so this bounds the peak of the sum from above
                        "peak": peak / 2**20,
                        "pss_after_warmup": float(pss[0]) if len(pss) else None,
                        "pss_end": float(pss[-1]) if len(pss) else None,
