@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -19,16 +20,28 @@ THRESHOLD_BYTES = 1 << 30
 """the torch executor's thresholds: everything stays in the heap"""
 
 
-def _glibc(function: str):
-    """``function`` of the C library where it is glibc's (it has ``mallopt``), else None."""
+@functools.cache
+def _c_library() -> ctypes.CDLL | None:
+    """The C library this process runs on, looked up once: ``find_library`` runs ``ldconfig``
+    in a child process each time, which the trimmer's every call did at first."""
     name = ctypes.util.find_library("c")
     if not name:
         return None
     try:
-        library = ctypes.CDLL(name)
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+def _glibc(function: str):
+    """``function`` of the C library where it is glibc's (it has ``mallopt``), else None."""
+    library = _c_library()
+    if library is None:
+        return None
+    try:
         library.mallopt  # noqa: B018 (glibc's, not another C library's)
         return getattr(library, function)
-    except (OSError, AttributeError):
+    except AttributeError:
         return None
 
 

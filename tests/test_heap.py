@@ -84,3 +84,19 @@ def test_a_trim_gives_back_the_holes_between_blocks_in_use():
     assert held is not None and after is not None
     assert held - after > 32 * MIB, (held / MIB, after / MIB)
     del kept
+
+
+def test_the_c_library_is_looked_up_once(monkeypatch):
+    """``find_library`` runs ``ldconfig`` in a child process: the trimmer, once a second in
+    every server process, ran it at every trim at first."""
+    import ctypes.util
+
+    from runtime import steady_cpu
+
+    calls = []
+    real = ctypes.util.find_library
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: calls.append(name) or real(name))
+    steady_cpu._c_library.cache_clear()
+    for _ in range(3):
+        trim_heap()
+    assert len(calls) == 1
