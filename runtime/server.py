@@ -25,7 +25,7 @@ from starlette.responses import Response
 from runtime.api.batch_worker import BatchWorker, shared_worker
 from runtime.api.deps import Services
 from runtime.api.heap import HeapTrimmer, return_large_blocks
-from runtime.api.metrics import ServerMetrics
+from runtime.api.metrics import ServerMetrics, watch_loop_lag
 from runtime.api.parsing import BodyErrors, errors_body
 from runtime.api.protocol import ConnectionLimits, guarded_protocol
 from runtime.api.request_limits import RequestLimits
@@ -114,7 +114,11 @@ def create_app(settings: Settings | None = None, decider: GuardedDecider | None 
                                                               WORKER_START_S):
             log.warning("the batch worker did not start within %g s; large batches will try "
                         "again", WORKER_START_S)
-        yield
+        lag = asyncio.create_task(watch_loop_lag(app.state.services.metrics.loop_lag.observe))
+        try:
+            yield
+        finally:
+            lag.cancel()
 
     app = FastAPI(title="batchpilot decider",
                   summary="Batching knobs for LLM serving from a learned policy with a PID "

@@ -441,6 +441,7 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
             p.start()
         t0 = time.monotonic()
         memory: list[tuple[float, int, int, int]] = []
+        lag: list[tuple[int, list[tuple[float, float]]]] = []  # the loop-lag histogram a second
         peak = 0
         hostile_segments: dict[int, int] = {}  # segment index -> attack index (-2: all)
         while (t := time.monotonic() - t0) < duration_s:
@@ -455,6 +456,9 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
                 rss, hwm, pss, n = rss_bytes(server.pid)
                 memory.append((t, rss, pss, n))
                 peak = max(peak, hwm)
+                buckets = loop_lag_buckets(port)
+                if buckets is not None:
+                    lag.append((index, buckets))
             time.sleep(1.0)
         stop.set()
         active.value = -1
@@ -477,7 +481,7 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
     # first large bodies) is a step, not a leak: the slope is also taken from the end of the
     # first segment in which every attack ran
     settled_s = warmup_s + 2 * segment_s * (len(attacks) if each else 1)
-    report = _report(results, hostile_segments, attacks, each, memory, peak, settled_s)
+    report = _report(results, hostile_segments, attacks, each, memory, peak, settled_s, lag)
     return {"repo": str(repo), "duration_s": duration_s, "warmup_s": warmup_s,
             "segment_s": segment_s,
             "good_clients": good, "hostile_clients": hostile, "good_rate": good_rate,
@@ -548,9 +552,48 @@ def _slope(t: np.ndarray, mib: np.ndarray) -> float:
     return float(np.polyfit(t / 60.0, mib, 1)[0]) if len(t) > 2 else float("nan")
 
 
+LAG_METRIC = "batchpilot_event_loop_lag_seconds_bucket"
+
+
+def loop_lag_buckets(port: int) -> list[tuple[float, float]] | None:
+    """The server's event-loop lag histogram from ``/metrics``: (upper bound in seconds,
+    cumulative count) per bucket; None when it cannot be read."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+    except OSError:
+        return None
+    out = []
+    for line in text.splitlines():
+        if line.startswith(LAG_METRIC + '{le="'):
+            bound, count = line[len(LAG_METRIC) + 5:].split('"} ')
+            out.append((float(bound), float(count)))
+    return out or None
+
+
+def _lag_p99_ms(lag: list[tuple[int, list[tuple[float, float]]]], segs) -> float | None:
+    """The loop lag's p99 over segments ``segs``, in ms, as the upper bound of the histogram
+    bucket it falls in (the counts added between two samples of one segment)."""
+    segs = set(segs)
+    added: np.ndarray | None = None
+    bounds = None
+    for (i, a), (j, b) in zip(lag, lag[1:], strict=False):
+        if i == j and i in segs and len(a) == len(b):
+            d = np.array([y for _, y in b]) - np.array([y for _, y in a])
+            added = d if added is None else added + d
+            bounds = [x for x, _ in b]
+    if added is None or bounds is None or added[-1] <= 0:
+        return None
+    k = int(np.searchsorted(added, 0.99 * added[-1]))
+    return bounds[min(k, len(bounds) - 1)] * 1e3
+
+
 def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str, ...],
             each: bool, memory: list[tuple[float, int, int, int]], peak: int,
-            settled_s: float = 0.0) -> dict:
+            settled_s: float = 0.0,
+            lag: list[tuple[int, list[tuple[float, float]]]] | None = None) -> dict:
     singles: dict[int, list] = {}
     batches: dict[int, list] = {}
     good_status: dict[int | str, int] = {}
@@ -581,8 +624,11 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
 
     off = [s for s in set(singles) | set(batches) if s not in hostile_segments]
     on = list(hostile_segments)
+    lag = lag or []
     out: dict = {"good": _summary(pooled(singles, off), pooled(singles, on)),
-                 "good_batches": _summary(pooled(batches, off), pooled(batches, on))}
+                 "good_batches": _summary(pooled(batches, off), pooled(batches, on)),
+                 "loop_lag_p99_ms": {"without_hostile": _lag_p99_ms(lag, off),
+                                     "with_hostile": _lag_p99_ms(lag, on)}}
     if each:
         per_attack = {}
         for a, name in enumerate(attacks):
@@ -597,6 +643,7 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
                                 "p99_ratio_by_round": rounds,
                                 "batches": _summary(pooled(batches, off), pooled(batches, segs)),
                                 "batches_p99_ratio_by_round": batch_rounds,
+                                "loop_lag_p99_ms": _lag_p99_ms(lag, segs),
                                 "hostile_status": hostile_status.get(name, {})}
         out["per_attack"] = per_attack
     t = np.array([m[0] for m in memory])

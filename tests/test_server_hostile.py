@@ -405,3 +405,29 @@ def test_empty_lines_after_an_answer_do_not_hold_a_connection_open(policy_dir, h
             if closed:
                 break
         assert closed and time.monotonic() - t0 < 2.0
+
+
+def test_the_loop_lag_watch_sees_a_blocked_loop():
+    """A callback that holds the loop 30 ms shows as a lag of about that much."""
+    from runtime.api.metrics import watch_loop_lag
+
+    lags: list[float] = []
+
+    async def main() -> None:
+        watch = asyncio.create_task(watch_loop_lag(lags.append, period_s=0.005))
+        await asyncio.sleep(0.05)
+        asyncio.get_running_loop().call_soon(time.sleep, 0.03)
+        await asyncio.sleep(0.05)
+        watch.cancel()
+
+    asyncio.run(main())
+    assert len(lags) >= 5 and min(lags) >= 0.0
+    assert 0.02 <= max(lags) < 0.2, lags
+
+
+def test_the_server_reports_its_event_loop_lag(policy_dir):
+    with serving(Settings(policy_dir=policy_dir)) as url:
+        time.sleep(0.3)
+        text = httpx.get(url + "/metrics", timeout=10).text
+    count = re.search(r"^batchpilot_event_loop_lag_seconds_count ([0-9.e+]+)$", text, re.M)
+    assert count is not None and float(count.group(1)) >= 5, text[-2000:]

@@ -6,7 +6,21 @@ import math
 
 import pytest
 
-from scripts.soak import ATTACKS, main, soak
+from scripts.soak import ATTACKS, _lag_p99_ms, main, soak
+
+
+def test_the_loop_lag_p99_is_read_from_the_counts_added_within_segments():
+    bounds = [0.001, 0.004, float("inf")]
+
+    def sample(segment, counts):
+        return segment, list(zip(bounds, counts, strict=True))
+
+    lag = [sample(0, [0, 0, 0]), sample(0, [98, 100, 100]),  # segment 0: 98 of 100 under 1 ms
+           sample(1, [100, 100, 100]), sample(1, [100, 200, 200]),  # 1: every one 1-4 ms
+           sample(1, [200, 300, 300])]  # the step from 0 to 1 counts in neither
+    assert _lag_p99_ms(lag, [0]) == 4.0
+    assert _lag_p99_ms(lag, [1]) == 4.0 and _lag_p99_ms([lag[3], lag[4]], [1]) == 1.0
+    assert _lag_p99_ms(lag, [5]) is None
 
 
 def test_a_short_soak_reports_both_conditions_errors_and_memory():
@@ -33,6 +47,8 @@ def test_a_short_soak_reports_both_conditions_errors_and_memory():
     assert m["processes"] == 3
     assert 0 < m["pss_end"] <= m["end"] and math.isfinite(r["memory_pss_slope_mib_per_min"])
     assert r["memory_settled_from_s"] == 1.0 + 2 * 2.5
+    # the server's event-loop lag, read from its /metrics once a second
+    assert r["loop_lag_p99_ms"]["without_hostile"] > 0
 
 
 def test_one_attack_a_segment_is_reported_apart():

@@ -3,7 +3,9 @@ do not collide in the global one)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import asyncio
+import time
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -15,6 +17,22 @@ from runtime.decider.guard import GuardedDecider
 LATENCY_BUCKETS_S = (10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
                      25e-3, 50e-3, 100e-3, 250e-3)
 """Decision latency buckets: from a single decision (tens of microseconds) to a 4096 batch."""
+LOOP_LAG_PERIOD_S = 0.02
+"""how often the event loop's lag is sampled"""
+LOOP_LAG_BUCKETS_S = (250e-6, 500e-6, 1e-3, 2e-3, 3e-3, 4e-3, 5e-3, 7.5e-3, 10e-3, 25e-3, 50e-3,
+                      100e-3, 250e-3, 1.0)
+"""Event-loop lag buckets: a fraction of a millisecond on an idle loop to a blocked one"""
+
+
+async def watch_loop_lag(observe: Callable[[float], None],
+                         period_s: float = LOOP_LAG_PERIOD_S) -> None:
+    """Every ``period_s``, observe how much later than asked the loop woke this coroutine: how
+    long a request that arrived at that moment waited before the loop could turn to it (the loop
+    busy with other callbacks, or its thread off the CPU). Runs until cancelled."""
+    while True:
+        t0 = time.perf_counter()
+        await asyncio.sleep(period_s)
+        observe(max(0.0, time.perf_counter() - t0 - period_s))
 
 
 class _DeciderState(Collector):
@@ -74,6 +92,10 @@ class ServerMetrics:
                                  "Time to decide one request, from the validated observations to "
                                  "the decisions (the batch route: the whole batch)",
                                  ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.loop_lag = Histogram("batchpilot_event_loop_lag_seconds",
+                                  "How much later than asked the event loop ran a timer, sampled "
+                                  "every 20 ms: what a request arriving then waited for the loop",
+                                  buckets=LOOP_LAG_BUCKETS_S, registry=r)
         self.reloads = Counter("batchpilot_reloads", "Policy reloads by outcome (ok, or why the "
                                "policy was refused)", ["outcome"], registry=r)
         r.register(_DeciderState(decider))
