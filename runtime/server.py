@@ -24,7 +24,7 @@ from starlette.responses import Response
 
 from runtime.api.batch_worker import BatchWorker, shared_worker
 from runtime.api.deps import Services
-from runtime.api.heap import HeapTrimmer, return_large_blocks
+from runtime.api.heap import HeapTrimmer, freeze_start_up_objects, return_large_blocks
 from runtime.api.metrics import ServerMetrics, watch_loop_lag
 from runtime.api.parsing import BodyErrors, errors_body
 from runtime.api.protocol import ConnectionLimits, guarded_protocol
@@ -223,7 +223,9 @@ def main() -> None:
     HeapTrimmer().start()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.Server(uvicorn_config(settings)).run()
+    config = uvicorn_config(settings)
+    freeze_start_up_objects()
+    uvicorn.Server(config).run()
 
 
 if __name__ == "__main__":

@@ -100,3 +100,38 @@ def test_the_c_library_is_looked_up_once(monkeypatch):
     for _ in range(3):
         trim_heap()
     assert len(calls) == 1
+
+
+def test_start_up_objects_are_frozen_out_of_the_collectors_reach():
+    import gc
+
+    from runtime.api.heap import freeze_start_up_objects
+
+    survivor = [object() for _ in range(1000)]
+    try:
+        frozen = freeze_start_up_objects()
+        assert frozen == gc.get_freeze_count() and frozen >= len(survivor)
+        assert not any(o is survivor for o in gc.get_objects())  # no longer walked
+    finally:
+        gc.unfreeze()
+    assert any(o is survivor for o in gc.get_objects())
+
+
+def test_a_serving_process_freezes_what_it_built_before_serving():
+    """The server and the batch worker's lanes: a full collection no longer walks the app, the
+    decider and the schemas (28-42 ms with the event loop stopped, measured in a soak)."""
+    import subprocess
+
+    code = ("import gc, runtime.api.batch_worker as w, runtime.api.heap as h\n"
+            "calls = []\n"
+            "h_freeze = h.freeze_start_up_objects\n"
+            "w.freeze_start_up_objects = lambda: calls.append(h_freeze())\n"
+            "import socket\n"
+            "a, b = socket.socketpair()\n"
+            "b.close()\n"
+            "w.main([str(a.detach()), '0'])\n"
+            "print(len(calls), calls[0] > 10000)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["1", "True"]
+

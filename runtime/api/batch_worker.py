@@ -50,7 +50,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from runtime.api.batch import BatchAnswer, batch_stages
-from runtime.api.heap import HeapTrimmer, return_large_blocks
+from runtime.api.heap import HeapTrimmer, freeze_start_up_objects, return_large_blocks
 from runtime.api.parsing import Body
 from runtime.decider.guard import GuardedDecider
 
@@ -484,6 +484,7 @@ def main(argv: list[str] | None = None) -> None:
     except OSError:
         pass
     sock = socket.socket(fileno=int(argv[0]))
+    freeze_start_up_objects()
     try:
         _serve(sock)
     except (BrokenPipeError, ConnectionResetError):

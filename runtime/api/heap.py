@@ -26,6 +26,7 @@ and stayed there, the server from 100 to 121 MB, all of it free memory no reques
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -52,6 +53,18 @@ TRIM_GROWTH_BYTES = 4 * 1024 * 1024
 TRIM_INTERVAL_S = 1.0
 """seconds between two trims at least (one costs about 0.2 ms a MB it gives back, and 0.2-0.7 ms
 when there is nothing to give back, measured)"""
+
+
+def freeze_start_up_objects() -> int:
+    """Move every object alive now out of the cyclic garbage collector's reach (``gc.freeze``)
+    and return how many. Called once a serving process has imported and built what it serves
+    (the app, the decider, FastAPI's and pydantic's schemas: about 70,000 objects in the
+    server): a full collection walked them all, 28-42 ms with the event loop stopped, a few times
+    a minute under load (measured in a soak); with them frozen the longest was 1.6 ms. They live
+    as long as the process, so nothing is lost by never collecting them."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def resident_bytes() -> int | None:
