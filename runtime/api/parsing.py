@@ -21,7 +21,7 @@ unknown keys took 2.1 s. Here:
 3. A batch's rows go into one float64 array in one pass (the field names of each row checked as
    a set, the optional fields filled in), and the values are checked on the array: numbers only
    (no string, boolean or null: a body whose quotes are all its keys' holds no string, and its
-   letters tell a boolean), finite, within :func:`runtime.api.schemas.field_bounds`. A
+   letters tell a boolean), finite, within :func:`runtime.api.bounds.field_bounds`. A
    body that passes is never shown to pydantic. Any row that fails, and only then, sends the
    rows from its chunk on to pydantic's validation (:data:`VALIDATE_ROWS` at a time, stopping at
    the first chunk with errors), so a 422 says exactly what the schema says, lists at most
@@ -34,6 +34,7 @@ back): this module does not import FastAPI, so the batch worker process can use 
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import re
 from collections import Counter
@@ -44,9 +45,8 @@ from typing import Any
 import numpy as np
 import orjson
 import pydantic_core
-from pydantic import TypeAdapter, ValidationError
 
-from runtime.api.schemas import MAX_BATCH, Observation, field_bounds
+from runtime.api.bounds import MAX_BATCH, field_bounds
 from runtime.observation import OBS_DIM, OBSERVATION_FIELDS, OBSERVATION_NAMES, REQUIRED_NAMES
 
 MAX_ERRORS_SHOWN = 20
@@ -63,7 +63,19 @@ Body = bytes | bytearray
 """a request body: ``bytes`` as the server reads it, a ``bytearray`` as the batch worker
 receives a large one"""
 
-_OBSERVATIONS = TypeAdapter(list[Observation])  # type: ignore[valid-type]
+
+@functools.cache
+def _observations_adapter() -> Any:
+    """pydantic's validator of a list of observations, which names a body's errors. Built at the
+    first body that needs it: the batch worker's lanes import this module, and pydantic with the
+    request schemas would add about 14 MB to each for bodies they may never see."""
+    from pydantic import TypeAdapter
+
+    from runtime.api.schemas import Observation
+
+    return TypeAdapter(list[Observation])  # type: ignore[valid-type]
+
+
 _NAMES = frozenset(OBSERVATION_NAMES)
 _REQUIRED = frozenset(REQUIRED_NAMES)
 _NUM_REQUIRED = len(REQUIRED_NAMES)
@@ -266,8 +278,10 @@ def _validate_rows(rows: list, loc: tuple, errors: _Errors, indexed: bool = True
                 break
         if not good:
             break
+        adapter = _observations_adapter()
+        from pydantic import ValidationError
         try:
-            out.extend(_OBSERVATIONS.validate_python(chunk))
+            out.extend(adapter.validate_python(chunk))
         except ValidationError as e:
             for err in e.errors(include_url=False, include_input=False, include_context=False):
                 index, *rest = err["loc"]

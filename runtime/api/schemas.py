@@ -9,27 +9,9 @@ from typing import Annotated, Literal, NotRequired
 from pydantic import BaseModel, ConfigDict, Field, with_config
 from typing_extensions import TypedDict
 
+from runtime.api.bounds import MAX_BATCH, field_bounds
 from runtime.decider.policy_set import POLICY_NAME_PATTERN
 from runtime.observation import OBSERVATION_FIELDS, ObservationField
-
-MAX_BATCH = 4096
-"""The most observations one ``POST /v1/decide/batch`` request may carry."""
-
-
-def field_bounds(f: ObservationField) -> dict[str, float]:
-    """The bounds a named value must lie in (``ge``, ``le``): physically bounded quantities are
-    checked (a count cannot be negative, a fraction cannot exceed 1, a knob lies in its range)
-    so that a unit mistake is a 422 rather than a silent clip; otherwise values outside the raw
-    range are clipped, as in training. The schema and the batch route's array checks
-    (:mod:`runtime.api.parsing`) both read them here."""
-    bounds: dict[str, float] = {}
-    if f.transform == "knob":
-        bounds = {"ge": f.low, "le": f.high}
-    elif f.transform in ("log", "linear") and f.low == 0.0:
-        bounds = {"ge": 0.0}
-        if f.unit == "fraction":
-            bounds["le"] = 1.0
-    return bounds
 
 
 def _field(f: ObservationField) -> tuple[type, object]:
