@@ -38,7 +38,13 @@ neither, as if they ran elsewhere (the batch worker keeps every CPU; ``--pin-wor
 beside the hostile clients, as on a machine with a core to spare for it). On the loop's CPU the
 good clients still wait for it while it serves the hostile clients: ``--good-nice -5`` raises
 their priority over the server's processes, so that their latency is the server's answer and not
-their own wait for a CPU, as for clients on other machines. Reports the
+their own wait for a CPU, as for clients on other machines. A nice is not enough on a kernel
+whose scheduler lets the running task finish its time slice before a woken one runs (EEVDF's
+run-to-parity, checked at the scheduler tick: 4 ms here): a good client woken by its answer
+waited for the busy loop's slice to end, and its p99 under attack sat at 4.05-4.07 ms whatever
+the attack and whatever its nice. ``--good-realtime`` runs the good clients under ``SCHED_FIFO``
+(they are light: 100 requests a second), so that they run the moment their answer arrives, as
+on a machine of their own. Reports the
 good clients' decision latency (p50, p99) without and with the hostile clients and their ratio
 (per attack with ``--each``, with the spread over rounds), every good answer that was not a 200
 (5xx counted apart), the hostile answers by status, and the server's memory (its process and
@@ -143,14 +149,17 @@ def _pin(cpus: set[int] | None) -> None:
 # ------------------------------------------------------------------------------------ clients
 def good_client(port: int, segment: mp.Value, stop: mp.Event, rate: float,
                 cpus: set[int] | None, out: mp.Queue, nice: int = 0,
-                batch_rows: int = 64) -> None:
+                batch_rows: int = 64, realtime: bool = False) -> None:
     """Decide one observation after another at ``rate`` a second (0: back to back), every tenth
     request a batch of ``batch_rows``; latencies by segment (single decisions and batches
     apart), statuses counted. ``nice``: added to the client's CPU priority (negative: ahead of
-    the server's processes; see ``--good-nice``)."""
+    the server's processes; see ``--good-nice``). ``realtime``: the client runs under
+    ``SCHED_FIFO`` (see ``--good-realtime``)."""
     _pin(cpus)
     if nice:
         os.nice(nice)
+    if realtime:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
     one = json.dumps(OBSERVATION).encode()
     batch = json.dumps({"observations": [OBSERVATION] * batch_rows}).encode()
     latencies: dict[int, array] = {}
@@ -398,7 +407,8 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
          max_open: int, attacks: tuple[str, ...] = ATTACKS, each: bool = False,
          good_rate: float = 100.0, silent: int = 260, pin: bool = False,
          rounds: int = 1, repo: Path = REPO, pin_worker: bool = False,
-         good_nice: int = 0, hostile_nice: int = 0, good_batch_rows: int = 64) -> dict:
+         good_nice: int = 0, hostile_nice: int = 0, good_batch_rows: int = 64,
+         good_realtime: bool = False) -> dict:
     if each:  # every attack its rounds, each between two segments without hostile clients
         duration_s = max(duration_s, each_duration(warmup_s, segment_s, len(attacks), rounds))
     port = free_port()
@@ -431,7 +441,7 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
         stop, out = mp.Event(), mp.Queue()
         procs = [mp.Process(target=good_client,
                             args=(port, segment, stop, good_rate, server_cpus, out,
-                                  good_nice, good_batch_rows))
+                                  good_nice, good_batch_rows, good_realtime))
                  for _ in range(good)]
         procs += [mp.Process(target=hostile_client,
                              args=(port, active, stop, max_open, silent, attacks, hostile_cpus,
@@ -487,6 +497,7 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
             "good_clients": good, "hostile_clients": hostile, "good_rate": good_rate,
             "good_batch_rows": good_batch_rows,
             "good_nice": good_nice, "hostile_nice": hostile_nice,
+            "good_realtime": good_realtime,
             "pinned": ({"server_loop_and_good_clients": sorted(server_cpus or ()),
                         "hostile_clients": sorted(hostile_cpus or ()),
                         "batch_worker": sorted(hostile_cpus or ()) if pin_worker else "any"}
@@ -677,6 +688,25 @@ def _report(results: list, hostile_segments: dict[int, int], attacks: tuple[str,
     return out
 
 
+REALTIME_PRIORITY = 1
+"""the good clients' ``SCHED_FIFO`` priority under ``--good-realtime`` (the lowest: above every
+ordinary process, below the kernel's own real-time threads)"""
+
+
+def _realtime_problem() -> str | None:
+    """Why a client process could not run under ``SCHED_FIFO`` (None: it can), tried in a child
+    process."""
+    if not hasattr(os, "SCHED_FIFO"):
+        return "this platform has no SCHED_FIFO"
+    try:
+        subprocess.run([sys.executable, "-c", "import os; os.sched_setscheduler(0, "
+                        f"os.SCHED_FIFO, os.sched_param({REALTIME_PRIORITY}))"],
+                       check=True, capture_output=True, timeout=30)
+    except subprocess.CalledProcessError:
+        return "this user may not set a real-time policy (needs root or CAP_SYS_NICE)"
+    return None
+
+
 def _nice_problem(nice: int) -> str | None:
     """Why a client process could not add ``nice`` to its priority (None: it can), tried in a
     child process so that this one keeps its own."""
@@ -728,6 +758,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="added to the good clients' CPU priority (0; -5 puts them ahead of the "
                          "server's processes, as clients on other machines would never wait for "
                          "the server's CPU; below 0 needs the privilege to raise a priority)")
+    ap.add_argument("--good-realtime", action="store_true",
+                    help="the good clients under SCHED_FIFO: a good client woken by its answer "
+                         "runs at once, where at any nice it waited for the busy event loop on "
+                         "its CPU to reach the end of its time slice (up to a scheduler tick, 4 "
+                         "ms here), as clients on other machines never do (needs the privilege "
+                         "to set a real-time policy)")
     ap.add_argument("--hostile-nice", type=int, default=0,
                     help="added to the hostile clients' CPU priority (0; 19 leaves the server's "
                          "processes, the batch workers at nice 0 and 10 included, every CPU cycle "
@@ -760,6 +796,10 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"soak: {flag} {nice}: {problem}", file=sys.stderr)
             return 2
+    problem = _realtime_problem() if args.good_realtime else None
+    if problem:
+        print(f"soak: --good-realtime: {problem}", file=sys.stderr)
+        return 2
     if (min(args.good_clients, args.hostile_clients, args.max_open, args.silent) < 0
             or not args.good_clients or args.good_rate < 0
             or not 1 <= args.good_batch_rows <= 4096):
@@ -769,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
     r = soak(duration, args.warmup_s, args.segment_s, args.good_clients, args.hostile_clients,
              args.max_open, attacks, args.each, args.good_rate, args.silent, args.pin,
              args.rounds, args.repo.resolve(), args.pin_worker, args.good_nice,
-             args.hostile_nice, args.good_batch_rows)
+             args.hostile_nice, args.good_batch_rows, args.good_realtime)
     if args.json:
         print(json.dumps(r))
         return 0

@@ -85,3 +85,20 @@ def test_a_priority_a_client_cannot_take_is_refused_before_the_run():
     assert "[-20, 19]" in (_nice_problem(30) or "")
     assert main(["--good-nice", "-30", "--duration-s", "100", "--warmup-s", "1",
                  "--segment-s", "1"]) == 2
+
+
+def test_good_clients_under_a_real_time_policy_where_the_user_may_set_one():
+    """``--good-realtime``: the good clients' wake-ups do not wait for the event loop's time
+    slice on their shared CPU. Refused before the run where the user may not set the policy."""
+    from scripts.soak import _realtime_problem
+
+    problem = _realtime_problem()
+    if problem is not None:
+        assert "real-time" in problem
+        assert main(["--good-realtime", "--duration-s", "100", "--warmup-s", "1",
+                     "--segment-s", "1"]) == 2
+        return
+    r = soak(duration_s=4.0, warmup_s=0.5, segment_s=1.5, good=1, hostile=1, max_open=2,
+             attacks=("empty_rows",), good_realtime=True)
+    assert r["good_realtime"] is True
+    assert r["good"]["decisions"]["with_hostile"] > 0
