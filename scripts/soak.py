@@ -141,6 +141,24 @@ def rss_bytes(pid: int) -> tuple[int, int, int, int]:
     return rss, peak, pss, n
 
 
+def process_peaks(pid: int) -> dict[str, float]:
+    """Each of the server's processes' own peak resident size (``VmHWM``) in MiB, by role: the
+    server, and each batch worker lane by its nice (the lanes differ in nothing else a reader
+    outside them can see). Which process holds the memory the summed figures count."""
+    peaks = {}
+    for p in server_processes(pid):
+        try:
+            hwm = _status_field(p, "VmHWM") / 2**20
+            nice = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[16])
+        except (OSError, RuntimeError, ValueError, IndexError):
+            continue  # a child that exited between the listing and the read
+        role = "server" if p == pid else f"batch worker (nice {nice})"
+        while role in peaks:
+            role += "'"
+        peaks[role] = hwm
+    return peaks
+
+
 def _pin(cpus: set[int] | None) -> None:
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
@@ -473,6 +491,7 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
         stop.set()
         active.value = -1
         results = [out.get(timeout=120) for _ in procs]
+        peaks = process_peaks(server.pid)
         for p in procs:
             p.join(timeout=30)
         if server.poll() is not None:
@@ -492,6 +511,7 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
     # first segment in which every attack ran
     settled_s = warmup_s + 2 * segment_s * (len(attacks) if each else 1)
     report = _report(results, hostile_segments, attacks, each, memory, peak, settled_s, lag)
+    report["memory_mib"]["peak_by_process"] = peaks
     return {"repo": str(repo), "duration_s": duration_s, "warmup_s": warmup_s,
             "segment_s": segment_s,
             "good_clients": good, "hostile_clients": hostile, "good_rate": good_rate,
@@ -845,6 +865,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['memory_pss_slope_mib_per_min']:+.3f} MiB/min; resident slope from "
           f"{r['memory_settled_from_s']:.0f} s, every attack run once: "
           f"{r['memory_settled_slope_mib_per_min']:+.3f} MiB/min")
+    peaks = ", ".join(f"{role} {mib:.1f}" for role, mib in m["peak_by_process"].items())
+    print(f"  each process's peak resident size (MiB): {peaks}")
     return 0
 
 

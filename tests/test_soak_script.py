@@ -45,6 +45,11 @@ def test_a_short_soak_reports_both_conditions_errors_and_memory():
     assert math.isfinite(r["memory_slope_mib_per_min"])
     # the server and both lanes of its batch worker, which a thread of the server starts
     assert m["processes"] == 3
+    # each process's own peak, by role: the server, and the two lanes at their default nices
+    by_process = m["peak_by_process"]
+    assert set(by_process) == {"server", "batch worker (nice 0)", "batch worker (nice 10)"}
+    assert all(v > 20 for v in by_process.values())
+    assert sum(by_process.values()) == pytest.approx(m["peak"], rel=0.05)
     assert 0 < m["pss_end"] <= m["end"] and math.isfinite(r["memory_pss_slope_mib_per_min"])
     assert r["memory_settled_from_s"] == 1.0 + 2 * 2.5
     # the server's event-loop lag, read from its /metrics once a second
