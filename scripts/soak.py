@@ -143,16 +143,21 @@ def rss_bytes(pid: int) -> tuple[int, int, int, int]:
 
 def process_peaks(pid: int) -> dict[str, float]:
     """Each of the server's processes' own peak resident size (``VmHWM``) in MiB, by role: the
-    server, and each batch worker lane by its nice (the lanes differ in nothing else a reader
-    outside them can see). Which process holds the memory the summed figures count."""
-    peaks = {}
-    for p in server_processes(pid):
+    server, and each batch worker lane by its nice over the server's (the lanes differ in
+    nothing else a reader outside them can see). Which process holds the memory the summed
+    figures count."""
+    peaks: dict[str, float] = {}
+    server_nice = None
+    for p in server_processes(pid):  # the server first
         try:
             hwm = _status_field(p, "VmHWM") / 2**20
             nice = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[16])
         except (OSError, RuntimeError, ValueError, IndexError):
             continue  # a child that exited between the listing and the read
-        role = "server" if p == pid else f"batch worker (nice {nice})"
+        if p == pid:
+            server_nice, role = nice, "server"
+        else:
+            role = f"batch worker (nice {nice - (server_nice or 0)})"
         while role in peaks:
             role += "'"
         peaks[role] = hwm
