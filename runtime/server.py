@@ -108,17 +108,22 @@ def create_app(settings: Settings | None = None, decider: GuardedDecider | None 
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # the worker takes a second to import what it needs: the server is up once it answers,
-        # not at the first large batch
-        if worker is not None and not await asyncio.to_thread(worker.wait_ready,
-                                                              WORKER_START_S):
-            log.warning("the batch worker did not start within %g s; large batches will try "
-                        "again", WORKER_START_S)
+        if worker is not None:
+            # the lanes' sockets are this loop's to read and write: no thread of the server
+            # then waits for the GIL beside the loop (runtime.api.batch_worker.BatchWorker)
+            worker.attach()
+            # the worker takes a second to import what it needs: the server is up once it
+            # answers, not at the first large batch
+            if not await asyncio.to_thread(worker.wait_ready, WORKER_START_S):
+                log.warning("the batch worker did not start within %g s; large batches will "
+                            "try again", WORKER_START_S)
         lag = asyncio.create_task(watch_loop_lag(app.state.services.metrics.loop_lag.observe))
         try:
             yield
         finally:
             lag.cancel()
+            if worker is not None:
+                worker.detach()
 
     app = FastAPI(title="batchpilot decider",
                   summary="Batching knobs for LLM serving from a learned policy with a PID "
@@ -181,7 +186,7 @@ def uvicorn_config(settings: Settings, app: FastAPI | None = None):
 
 SWITCH_INTERVAL_S = 0.001
 """The interpreter's thread switch interval in the server (Python's default is 5 ms): a thread
-(a reload, the batch worker's I/O) hands the GIL back to the event loop within 1 ms."""
+(a reload's) hands the GIL back to the event loop within 1 ms."""
 FILES_PER_SERVER = 64
 """file descriptors the server needs besides its connections (the policy, logs, the worker)"""
 

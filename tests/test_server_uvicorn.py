@@ -85,6 +85,36 @@ def test_decide_batch_and_policy_over_a_real_socket(server_url):
         assert big.status_code == 413
 
 
+def test_the_serving_loop_moves_the_lanes_bytes_and_hands_them_back_when_it_stops(policy_dir):
+    """Served, the lanes' sockets are the event loop's to read and write: a batch for each lane
+    is answered with no thread of the server besides the loop's touching them (the worker's own
+    I/O thread is never started). Once the server stops, the same worker still answers, its
+    sockets handed to a loop of its own."""
+    from runtime.api.batch_worker import SMALL_LANE_BYTES, BatchWorker
+    from runtime.decider.breaker import CircuitBreaker
+    from runtime.decider.guard import GuardedDecider
+    from tests.conftest import FIXTURES
+
+    worker = BatchWorker()
+    small = {"observations": [raw_fields()] * 200}
+    large = {"observations": [raw_fields()] * 1000}
+    assert 64 * 1024 < len(json.dumps(small)) <= SMALL_LANE_BYTES < len(json.dumps(large))
+    try:
+        app = create_app(Settings(policy_dir=policy_dir), worker=worker)
+        with serving(Settings(policy_dir=policy_dir), app) as url:
+            with httpx.Client(base_url=url, timeout=30) as client:
+                for body, rows in ((small, 200), (large, 1000)):
+                    answer = client.post("/v1/decide/batch", json=body)
+                    assert answer.status_code == 200 and len(answer.json()["decisions"]) == rows
+            assert worker.process("small") is not None and worker.process("large") is not None
+            assert worker.io_thread is None
+        d = GuardedDecider(FIXTURES / "policy-test-1.onnx", breaker=CircuitBreaker(trip_after=0))
+        after = worker.submit(d, "a", json.dumps(large).encode(), False).result(timeout=30)
+        assert after.status == 200 and worker.io_thread is not None
+    finally:
+        worker.close()
+
+
 def test_no_request_fails_across_reloads(server_url):
     """Four keep-alive clients decide without pause while the policy is reloaded back and forth;
     every answer is a 200 from the policy, of one version or the other."""
