@@ -122,7 +122,7 @@ def test_a_serving_process_freezes_what_it_built_before_serving():
     decider and the schemas (28-42 ms with the event loop stopped, measured in a soak)."""
     import subprocess
 
-    code = ("import gc, runtime.api.batch_worker as w, runtime.api.heap as h\n"
+    code = ("import gc, runtime.api.lane as w, runtime.api.heap as h\n"
             "calls = []\n"
             "h_freeze = h.freeze_start_up_objects\n"
             "w.freeze_start_up_objects = lambda: calls.append(h_freeze())\n"
@@ -141,7 +141,7 @@ def test_the_batch_worker_imports_no_pydantic_until_a_body_needs_its_errors():
     valid bodies never loads them (about 14 MB of each lane's resident size)."""
     import subprocess
 
-    code = ("import json, sys, runtime.api.batch_worker\n"
+    code = ("import json, sys, runtime.api.lane\n"
             "from runtime.api.parsing import BodyErrors, parse_batch\n"
             "from runtime.observation import example_fields\n"
             "before = 'pydantic' in sys.modules\n"

@@ -7,7 +7,7 @@ answer is written from the arrays (:func:`decisions_json`): no pydantic validati
 byte-for-byte what pydantic would serialise from the decisions (the tests compare them).
 
 :func:`answer_batch` runs on the event loop for small bodies and in the batch worker process
-(:mod:`runtime.api.batch_worker`) for the others; it imports no FastAPI, so the worker stays
+(:mod:`runtime.api.lane`) for the others; it imports no FastAPI, so the worker stays
 light. What the decider learnt from the batch (who decided, lending-guard hits, errors) comes
 back as :class:`BatchStats`, which the server applies to its own decider and metrics.
 """

@@ -25,7 +25,8 @@ the bytes of the HTTP answer and what the batch did to the decider
 The server process talks to each over a socket pair, read and written by callbacks of the
 serving event loop (see :class:`BatchWorker`); the route awaits a future. A worker that dies fails
 the batches in flight with :class:`WorkerUnavailable` (the route answers 503) and is started
-again for the next one. It exits when the server does (end of file on its socket).
+again for the next one. It exits when the server does (end of file on its socket). The
+processes' side, and the frames both sides send, are :mod:`runtime.api.lane`.
 """
 
 from __future__ import annotations
@@ -33,24 +34,18 @@ from __future__ import annotations
 import asyncio
 import atexit
 import itertools
-import json
-import os
 import pickle
-import select
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections import OrderedDict, deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
 
-from runtime.api.batch import BatchAnswer, batch_stages
-from runtime.api.heap import HeapTrimmer, freeze_start_up_objects, return_large_blocks
+from runtime.api.batch import BatchAnswer
+from runtime.api.lane import MAX_DECIDERS, Frames, pack_frame
 from runtime.api.parsing import Body
 from runtime.decider.guard import GuardedDecider
 
@@ -62,14 +57,6 @@ jobs are bounded (bodies up to :data:`SMALL_LANE_BYTES`, queued fairly), and at 
 batch waited for a CPU behind every busy process: under hostile clients that kept the event loop
 and their own CPU busy (380k-key bodies, 96 MB headers), a 64-row batch's p99 was 28-43 ms at
 nice 10 and 14-17 ms at nice 0, the single decisions' p99 2.7-2.9 ms against 2.0-3.0 ms"""
-_HEADER = struct.Struct("!QQ")
-"""a frame: the lengths of its pickled metadata and of its raw payload, then both"""
-MAX_DECIDERS = 8
-"""decider copies the worker keeps (one per policy loaded recently)"""
-TURN_S = 0.002
-"""a client's turn at the worker runs its job's stages for at least this long (or to its end):
-a small batch is answered in one turn, however many clients wait, where one stage a turn made a
-64-row batch wait a stage of every other waiting client's between each of its own"""
 
 
 SMALL_LANE_BYTES = 256 * 1024
@@ -81,15 +68,6 @@ LANES = ("small", "large")
 class WorkerUnavailable(RuntimeError):
     """The worker died or could not start; the batches in flight are lost (the route answers
     503, and the next batch starts a new worker)."""
-
-
-def _frame(meta: Any, payload: Body | Sequence[bytes] = b"") -> tuple[bytes, Sequence[Body]]:
-    """A frame's head and its payload as the pieces to send (a body as it arrived, in pieces,
-    is sent without being joined: on the event loop, joining a 4 MB body was a fresh 4 MB
-    mapping faulted in)."""
-    pieces = (payload,) if isinstance(payload, (bytes, bytearray)) else payload
-    m = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(m), sum(map(len, pieces))) + m, pieces
 
 
 def _pieces(head: bytes, payload: Sequence[Body]) -> deque[memoryview]:
@@ -111,7 +89,6 @@ def decider_spec(decider: GuardedDecider) -> tuple[tuple, Callable[[], dict]]:
     return key, spec
 
 
-# ------------------------------------------------------------------------------ server side
 WRITE_BYTES = 256 * 1024
 """bytes sent to a lane in one of the event loop's callbacks at most: a 4 MB body goes in
 slices that each take tens of microseconds, other clients' answers between them"""
@@ -133,7 +110,7 @@ class _Generation:
         self.sock = parent
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "runtime.api.batch_worker", str(child.fileno()),
+                [sys.executable, "-m", "runtime.api.lane", str(child.fileno()),
                  str(nice)],
                 pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
         finally:
@@ -148,7 +125,7 @@ class _Generation:
         each (these and :attr:`control` are changed under the worker's lock)"""
         self.sending: deque[memoryview] = deque()
         """what is left of the frame being sent"""
-        self.frames = _Frames()
+        self.frames = Frames()
         self.loop = loop
         """the loop whose callbacks send and receive (changed only on that loop's thread)"""
         self.registered = False
@@ -309,7 +286,7 @@ class BatchWorker:
     def wait_ready(self, timeout_s: float = 60.0) -> bool:
         """Start the processes if need be and wait until both answer (False: not within
         ``timeout_s``). Not on the loop that does the I/O (see :meth:`attach`)."""
-        futures = [self._enqueue(lane, None, lambda job: _frame(("ping", job)))
+        futures = [self._enqueue(lane, None, lambda job: pack_frame(("ping", job)))
                    for lane in LANES]
         deadline = time.monotonic() + timeout_s
         try:
@@ -340,7 +317,8 @@ class BatchWorker:
         key, spec = decider_spec(decider)
         size = len(body) if isinstance(body, (bytes, bytearray)) else sum(map(len, body))
         return self._enqueue("small" if size <= SMALL_LANE_BYTES else "large", client,
-                             lambda job: _frame(("batch", job, key, client, circuit_open), body),
+                             lambda job: pack_frame(("batch", job, key, client, circuit_open),
+                                                    body),
                              (key, spec))
 
     def check_policy(self, client: str, path: str, max_bytes: int) -> Future:
@@ -352,7 +330,7 @@ class BatchWorker:
         lower-priority CPU, in the large lane, queued fairly with the large batches, and never
         the event loop's."""
         return self._enqueue("large", client,
-                             lambda job: _frame(("check", job, client, path, max_bytes)))
+                             lambda job: pack_frame(("check", job, client, path, max_bytes)))
 
     def _enqueue(self, lane: str, client: str | None,
                  frame: Callable[[int], tuple[bytes, Sequence[Body]]],
@@ -374,7 +352,7 @@ class BatchWorker:
                 gen.specs[key] = None
                 while len(gen.specs) > MAX_DECIDERS:
                     gen.specs.popitem(last=False)
-                gen.control.append(_pieces(*_frame(("decider", key, spec()))))
+                gen.control.append(_pieces(*pack_frame(("decider", key, spec()))))
             job = next(self._ids)
             gen.pending[job] = future
             pieces = _pieces(*frame(job))
@@ -502,206 +480,3 @@ def shared_worker(nice: int = WORKER_NICE, small_nice: int = SMALL_LANE_NICE) ->
             _SHARED = BatchWorker(nice, small_nice)
             atexit.register(_SHARED.close)
         return _SHARED
-
-
-class _Frames:
-    """Frames off a socket, a receive at a time (the server's end is non-blocking, the worker's
-    blocking). A large payload is received straight into its buffer, which is returned as it is
-    (a ``bytearray``: copying a 1 MB answer into ``bytes`` held the GIL for the copy, and
-    faulted a fresh mapping in where such blocks are mapped on their own)."""
-
-    LARGE = 1 << 16
-    """a payload this much larger than what has arrived of it is received into its own buffer
-    (and frames are received this much at a time until one is)"""
-    RECEIVE = 256 * 1024
-    """bytes received at a time into a payload's own buffer at most"""
-
-    def __init__(self) -> None:
-        self.buf = bytearray()
-        self.meta: Any = None
-        self.payload: bytearray | None = None  # a large payload being filled
-        self.filled = 0
-        self.ready: deque[tuple[Any, Body]] = deque()
-        """frames received whole and not yet taken (the worker's end)"""
-
-    def receive(self, sock: socket.socket) -> list[tuple[Any, Body]] | None:
-        """One receive; the frames it completes, None at the end of the stream."""
-        if self.payload is not None:
-            view = memoryview(self.payload)[self.filled:]
-            got = sock.recv_into(view, min(len(view), self.RECEIVE))
-            if not got:
-                return None
-            self.filled += got
-            if self.filled < len(self.payload):
-                return []
-            done: list[tuple[Any, Body]] = [(self.meta, self.payload)]
-            self.meta, self.payload = None, None
-            return done
-        chunk = sock.recv(self.LARGE)
-        if not chunk:
-            return None
-        self.buf += chunk
-        return self._parse()
-
-    def _parse(self) -> list[tuple[Any, Body]]:
-        out: list[tuple[Any, Body]] = []
-        buf = self.buf
-        while len(buf) >= _HEADER.size:
-            meta_len, payload_len = _HEADER.unpack_from(buf)
-            start = _HEADER.size + meta_len
-            if len(buf) < start:
-                break
-            have = len(buf) - start
-            if have >= payload_len:
-                meta = pickle.loads(buf[_HEADER.size:start])
-                out.append((meta, bytes(buf[start:start + payload_len]) if payload_len else b""))
-                del buf[:start + payload_len]
-                continue
-            if payload_len - have >= self.LARGE:
-                self.meta = pickle.loads(buf[_HEADER.size:start])
-                self.payload = bytearray(payload_len)
-                self.payload[:have] = buf[start:]
-                self.filled = have
-                buf.clear()
-            break
-        return out
-
-
-
-# ------------------------------------------------------------------------------ worker side
-def _copy(spec: dict) -> GuardedDecider:
-    from runtime.decider.breaker import CircuitBreaker
-    from runtime.decider.decision import MODEL_MISSING
-    from runtime.decider.onnx_policy import OnnxPolicy
-
-    policy = OnnxPolicy(spec["model"], spec["name"]) if spec["model"] is not None else None
-    decider = GuardedDecider(policy, pid=spec["pid"], static_knobs=spec["static_knobs"],
-                             max_step=spec["max_step"], breaker=CircuitBreaker(trip_after=0))
-    if policy is None:
-        decider.refuse_start_policy(spec["missing"] or MODEL_MISSING, "")
-    return decider
-
-
-def _job(body: Body, decider: GuardedDecider | None,
-         circuit_open: bool) -> Generator[None, None, BatchAnswer]:
-    """One batch, yielding between its stages (:func:`runtime.api.batch.batch_stages`)."""
-    if decider is None:
-        return BatchAnswer(503, b'{"detail":"the batch worker could not copy the policy; '
-                                b'retry"}', None)
-    return (yield from batch_stages(body, decider, circuit_open))
-
-
-def _check(path: str, max_bytes: int) -> Generator[None, None, BatchAnswer]:
-    """One policy check (:meth:`BatchWorker.check_policy`), a single stage."""
-    from runtime.decider.onnx_policy import OnnxPolicy, PolicyLoadError
-
-    try:
-        OnnxPolicy.load(path, max_bytes)
-    except PolicyLoadError as e:
-        return BatchAnswer(422, json.dumps({"reason": e.reason, "message": e.message}).encode(),
-                           None)
-    return BatchAnswer(200, b"", None)
-    yield  # a generator, like the batches' jobs
-
-
-def _serve(sock: socket.socket) -> None:
-    """Answer the server's frames until it closes its end. Jobs wait per client; each turn
-    (:func:`_turn`) runs the job of the client that has had the least of the worker's time since
-    it began waiting (a client that starts waiting starts level with the least served one) for
-    :data:`TURN_S` or to its end, so a client's small batch is answered after the turn in
-    progress, and clients with large batches share the worker equally."""
-    deciders: OrderedDict[tuple, GuardedDecider | None] = OrderedDict()
-    queues: dict[str, deque] = {}  # the clients with jobs, and their jobs in order
-    served: dict[str, float] = {}  # seconds of stages each of them has had while waiting
-    reader = _Frames()
-    trimmer = HeapTrimmer()
-    while True:
-        # take every frame that has arrived; wait for one when there is nothing to do
-        while not queues or reader.ready or select.select([sock], [], [], 0)[0]:
-            if not reader.ready:  # a receive: a frame still arriving holds no turn back
-                if not queues and trimmer.grown():  # idle: give the large jobs' pages back
-                    wait = trimmer.wait_s()
-                    if not wait or not select.select([sock], [], [], wait)[0]:
-                        trimmer.trim()
-                got = reader.receive(sock)
-                if got is None:
-                    return  # the server closed its end
-                reader.ready.extend(got)
-                continue
-            meta, payload = reader.ready.popleft()
-            if meta[0] == "decider":
-                _, key, spec = meta
-                deciders.pop(key, None)
-                try:
-                    deciders[key] = _copy(spec)
-                except Exception:
-                    traceback.print_exc()
-                    deciders[key] = None
-                while len(deciders) > MAX_DECIDERS:
-                    deciders.popitem(last=False)
-            elif meta[0] == "ping":
-                head, _ = _frame((meta[1], 200, None))
-                sock.sendall(head)
-            elif meta[0] in ("batch", "check"):
-                if meta[0] == "batch":
-                    _, job, key, client, circuit_open = meta
-                    steps = _job(payload, deciders.get(key), circuit_open)
-                else:
-                    _, job, client, path, max_bytes = meta
-                    steps = _check(path, max_bytes)
-                if client not in queues:
-                    queues[client] = deque()
-                    served[client] = min(served.values(), default=0.0)
-                queues[client].append((job, steps))
-        client = min(served, key=served.__getitem__)
-        jobs = queues[client]
-        job, steps = jobs[0]
-        answer, seconds = _turn(steps)
-        served[client] += seconds
-        if answer is not None:
-            jobs.popleft()
-            head, _ = _frame((job, answer.status, answer.stats), answer.body)
-            sock.sendall(head)
-            sock.sendall(answer.body)
-            if not jobs:
-                del queues[client], served[client]
-
-
-def _turn(steps: Generator[None, None, BatchAnswer],
-          quantum_s: float = TURN_S) -> tuple[BatchAnswer | None, float]:
-    """One client's turn at the worker: stages of its job until the job is done or the turn
-    has lasted ``quantum_s``; the job's answer (None while it is not done) and the seconds the
-    turn took. A job that raises is answered 500."""
-    t0 = time.perf_counter()
-    try:
-        while True:
-            next(steps)
-            if time.perf_counter() - t0 >= quantum_s:
-                return None, time.perf_counter() - t0
-    except StopIteration as done:
-        return done.value, time.perf_counter() - t0
-    except Exception:
-        traceback.print_exc()
-        return (BatchAnswer(500, b'{"detail":"internal error in the batch worker"}', None),
-                time.perf_counter() - t0)
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    return_large_blocks()
-    try:
-        os.nice(int(argv[1]) if len(argv) > 1 else WORKER_NICE)
-    except OSError:
-        pass
-    sock = socket.socket(fileno=int(argv[0]))
-    freeze_start_up_objects()
-    try:
-        _serve(sock)
-    except (BrokenPipeError, ConnectionResetError):
-        pass
-    finally:
-        sock.close()
-
-
-if __name__ == "__main__":
-    main()
