@@ -15,11 +15,11 @@ Each worker keeps a copy of the server's decider (the policy's bytes, the PID, t
 the slew rate), sent once for each policy the server has loaded; a reload sends the new one
 before any batch that should see it, so each batch runs wholly on one policy. Jobs are queued
 per client (connection) and run in turns of a couple of milliseconds (stages: a slice of the
-parse, of the decisions or of the answer, up to :data:`TURN_S`), the next turn always the waiting
-client's that has had the least of the worker's time (fair queuing): a client's small batch is
-answered whole in one turn after the turn in progress, never behind a queue of the others'
-large ones, and clients with large batches share the worker equally. The worker answers with
-the bytes of the HTTP answer and what the batch did to the decider
+parse, of the decisions or of the answer, up to :data:`runtime.api.lane.TURN_S`), the next turn
+always the waiting client's that has had the least of the worker's time (fair queuing): a
+client's small batch is answered whole in one turn after the turn in progress, never behind
+a queue of the others' large ones, and clients with large batches share the worker equally.
+The worker answers with the bytes of the HTTP answer and what the batch did to the decider
 (:class:`runtime.api.batch.BatchStats`), which the server applies to its own.
 
 The server process talks to each over a socket pair, read and written by callbacks of the

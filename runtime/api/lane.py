@@ -4,8 +4,8 @@
 ``python -m runtime.api.lane FD NICE``, and talks to it in frames over a socket pair. This module
 is that process's side, and the frame format both sides share. It imports what a batch needs
 (the parser, the decider, onnxruntime) and nothing of the server's: no asyncio (and through it
-no ``ssl``, about 4 MB of each lane's resident size), no FastAPI, and pydantic only once a body
-needs its errors named.
+no ``ssl``: 3 MiB of each lane's resident size at import, measured), no FastAPI, and pydantic
+only once a body needs its errors named.
 
 Jobs are queued per client and run in turns (:func:`serve`); the worker trims its heap when it
 is idle (:class:`runtime.api.heap.HeapTrimmer`).
@@ -231,13 +231,15 @@ def _turn(steps: Generator[None, None, BatchAnswer],
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+    """``FD NICE``: serve the socket on descriptor ``FD`` at ``NICE`` below the server's CPU
+    priority (the server passes both)."""
+    fd, nice = sys.argv[1:] if argv is None else argv
     return_large_blocks()
     try:
-        os.nice(int(argv[1]) if len(argv) > 1 else 0)
+        os.nice(int(nice))
     except OSError:
         pass
-    sock = socket.socket(fileno=int(argv[0]))
+    sock = socket.socket(fileno=int(fd))
     freeze_start_up_objects()
     try:
         serve(sock)
