@@ -28,7 +28,7 @@ from runtime.api.heap import HeapTrimmer, freeze_start_up_objects, return_large_
 from runtime.api.metrics import ServerMetrics, watch_loop_lag
 from runtime.api.parsing import BodyErrors, errors_body
 from runtime.api.protocol import ConnectionLimits, guarded_protocol
-from runtime.api.request_limits import RequestLimits
+from runtime.api.request_limits import BodyLimits, RequestLimits
 from runtime.api.routes import decide, health, policy
 from runtime.api.routes.policy import MAX_RELOAD_BODY_BYTES
 from runtime.api.schemas import BatchRequest, ReloadRequest
@@ -137,9 +137,7 @@ def create_app(settings: Settings | None = None, decider: GuardedDecider | None 
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(ClientDisconnect, _client_disconnect)  # type: ignore[arg-type]
     app.add_exception_handler(BodyErrors, _body_errors)  # type: ignore[arg-type]
-    app.add_middleware(RequestLimits, max_body_bytes=settings.max_body_bytes,
-                       path_limits={"/v1/decide": settings.max_decide_body_bytes,
-                                    "/v1/policy/reload": MAX_RELOAD_BODY_BYTES},
+    app.add_middleware(RequestLimits, body_limits=body_limits(settings),
                        body_timeout_s=settings.body_timeout_s,
                        max_in_progress=settings.max_concurrency,
                        max_large_bytes=settings.max_body_bytes_in_progress)
@@ -160,6 +158,13 @@ def create_app(settings: Settings | None = None, decider: GuardedDecider | None 
     return app
 
 
+def body_limits(settings: Settings) -> BodyLimits:
+    """The largest body of each route: the middleware's and the protocol's."""
+    return BodyLimits(settings.max_body_bytes,
+                      {"/v1/decide": settings.max_decide_body_bytes,
+                       "/v1/policy/reload": MAX_RELOAD_BODY_BYTES})
+
+
 def connection_limits(settings: Settings) -> ConnectionLimits:
     return ConnectionLimits(max_header_bytes=settings.max_header_bytes,
                             max_headers=settings.max_headers,
@@ -178,7 +183,8 @@ def uvicorn_config(settings: Settings, app: FastAPI | None = None):
     return uvicorn.Config(app if app is not None else create_app(settings), host=settings.host,
                           port=settings.port, log_level=settings.log_level,
                           access_log=settings.access_log,
-                          http=guarded_protocol(settings.http, connection_limits(settings)),
+                          http=guarded_protocol(settings.http, connection_limits(settings),
+                                                body_limits(settings)),
                           h11_max_incomplete_event_size=settings.max_header_bytes,
                           timeout_keep_alive=settings.keep_alive_timeout_s,
                           limit_concurrency=None, ws="none")

@@ -293,7 +293,7 @@ def test_large_bodies_in_progress_are_bounded_in_bytes():
     any server)."""
     import asyncio
 
-    from runtime.api.request_limits import RequestLimits
+    from runtime.api.request_limits import BodyLimits, RequestLimits
 
     release = asyncio.Event()
     size = 100_000
@@ -315,7 +315,7 @@ def test_large_bodies_in_progress_are_bounded_in_bytes():
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    limits = RequestLimits(app, max_body_bytes=size, max_large_bytes=2 * size)
+    limits = RequestLimits(app, BodyLimits(size), max_large_bytes=2 * size)
 
     async def post() -> int:
         sent = []

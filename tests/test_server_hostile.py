@@ -154,7 +154,9 @@ def test_past_the_connection_cap_with_every_connection_busy_a_new_one_gets_503(p
 @pytest.mark.parametrize("http", IMPLEMENTATIONS)
 @pytest.mark.parametrize("bad, status", [
     (b"GARBAGE\r\n\r\n", 400),
-    (b"GET / HTTP/1.1\r\nHost: t\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", 431)])
+    (b"GET / HTTP/1.1\r\nHost: t\r\nX: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+    (b"POST /v1/policy/reload HTTP/1.1\r\nHost: t\r\ncontent-length: 4194304\r\n\r\n"
+     + b"x" * 1000, 413)])
 def test_answers_to_requests_before_a_malformed_one_are_sent(policy_dir, http, bad, status):
     """Five good requests, a malformed one and five more in one write: the five get their
     answers, then the refusal, then the connection closes (one 400 used to be all)."""
@@ -283,6 +285,39 @@ def test_a_reload_without_the_token_is_refused_before_its_body_is_read(policy_di
         assert r.status_code == 413 and time.perf_counter() - t0 < 1.0
         r = httpx.post(url + "/v1/policy/reload", content=b'{"name": ', headers=AUTH)
         assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid"
+
+
+@pytest.mark.parametrize("http", IMPLEMENTATIONS)
+def test_a_body_declared_over_its_limit_is_refused_before_the_app_sees_the_request(policy_dir,
+                                                                                  http):
+    """The protocol answers a Content-Length over its path's limit as the head completes: the
+    app is never called (no task, no read of the body that follows), and a %-encoded path gets
+    its route's limit, as in the app."""
+    settings = Settings(policy_dir=policy_dir, reload_token=TOKEN, http=http)
+    inner = create_app(settings)
+    calls: list[str] = []
+
+    async def app(scope, receive, send):
+        if scope["type"] == "http":
+            calls.append(scope["path"])
+        await inner(scope, receive, send)
+
+    with serving(settings, app) as url:
+        calls.clear()
+        for path in (b"/v1/policy/reload", b"/v1/policy/%72eload?x=1", b"/v1/decide/batch"):
+            sock = connect(url)
+            length = 2048 if b"policy" in path else 64 * 2**20
+            try:
+                sock.sendall(b"POST %s HTTP/1.1\r\nHost: t\r\ncontent-length: %d\r\n\r\n"
+                             % (path, length) + b"x" * 2**20)
+            except OSError:
+                pass  # refused before the whole of it was sent
+            closed, data = closed_within(sock, 2.0)
+            assert closed and statuses(data) == [413], data
+            assert b"request body of %d bytes exceeds the limit" % length in data
+        assert calls == []
+        small = httpx.post(url + "/v1/policy/reload", content=b"x" * 100)
+        assert small.status_code == 401 and calls == ["/v1/policy/reload"]
 
 
 # --------------------------------------------------------------------------- the parser's word

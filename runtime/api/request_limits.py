@@ -2,8 +2,9 @@
 request): body size, body time, requests in progress, and the bytes large bodies hold.
 
 - A declared ``Content-Length`` over the route's limit is answered 413 at once, without reading
-  the body; a body without one (chunked) is counted as it streams in, and the read that passes
-  the limit raises a 413 into the route, which FastAPI answers.
+  the body (:class:`BodyLimits`, whose check the protocol makes too, before the request becomes
+  a task: :mod:`runtime.api.protocol`); a body without one (chunked) is counted as it streams
+  in, and the read that passes the limit raises a 413 into the route, which FastAPI answers.
 - A body still incomplete ``body_timeout_s`` after the route first asks for it gets 408 and the
   connection is closed (a client that trickles its body cannot hold a connection and a task for
   ever).
@@ -24,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,22 +38,44 @@ RETRY_AFTER_S = 1
 UNLIMITED_PATHS = frozenset({"/healthz"})
 
 
+@dataclass(frozen=True)
+class BodyLimits:
+    """The largest body each path accepts."""
+
+    max_body_bytes: int
+    """the largest body accepted"""
+    path_limits: Mapping[str, int] = field(default_factory=dict)
+    """smaller limits for some paths (a route whose valid bodies are small refuses a large one
+    before parsing it)"""
+
+    def limit(self, path: str) -> int:
+        return self.path_limits.get(path, self.max_body_bytes)
+
+    def declared(self, path: str, content_length: bytes) -> tuple[int, str] | None:
+        """The status and detail that refuse a request to ``path`` declaring
+        ``content_length``, or None when it may be read."""
+        try:
+            declared = int(content_length)
+        except ValueError:
+            return 400, f"Content-Length {content_length[:40]!r} is not a number"
+        limit = self.limit(path)
+        if declared > limit:
+            return 413, f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+        return None
+
+
 class RequestLimits:
     """:param app: the wrapped app
-    :param max_body_bytes: the largest body accepted
-    :param path_limits: smaller limits for some paths (a route whose valid bodies are small
-        refuses a large one before parsing it)
+    :param body_limits: the largest body of each path
     :param body_timeout_s: seconds the whole body may take to arrive
     :param max_in_progress: requests in progress at most (see the module docstring)
     :param max_large_bytes: bytes that bodies over :data:`LARGE_BODY_BYTES` may hold at once
     """
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int,
-                 path_limits: dict[str, int] | None = None, body_timeout_s: float = 10.0,
+    def __init__(self, app: ASGIApp, body_limits: BodyLimits, body_timeout_s: float = 10.0,
                  max_in_progress: int = 256, max_large_bytes: int = 64 * 1024 * 1024) -> None:
         self.app = app
-        self.max_body_bytes = max_body_bytes
-        self.path_limits = dict(path_limits or {})
+        self.body_limits = body_limits
         self.body_timeout_s = body_timeout_s
         self.max_in_progress = max_in_progress
         self.max_large_bytes = max_large_bytes
@@ -68,20 +93,16 @@ class RequestLimits:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        limit = self.path_limits.get(path, self.max_body_bytes)
-        declared: int | None = None
+        limit = self.body_limits.limit(path)
+        declared = 0
         chunked = False
         for key, value in scope["headers"]:
             if key == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    await _respond(send, 400, f"Content-Length {value[:40]!r} is not a number")
+                refusal = self.body_limits.declared(path, value)
+                if refusal is not None:
+                    await _respond(send, *refusal)
                     return
-                if declared > limit:
-                    await _respond(send, 413, f"request body of {declared} bytes exceeds the "
-                                   f"limit of {limit} bytes")
-                    return
+                declared = int(value)
             elif key == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
         counted = path not in UNLIMITED_PATHS
