@@ -54,7 +54,9 @@ a second) in MiB per minute, the slope from the end of the first segment in whic
 ran (the processes' heaps grow to their working set at the first large bodies: a step, which
 the slope from the warm-up reads as growth), the largest of the summed samples (``max``) and
 each process's own peak summed (``peak``, an upper bound on the peak of the sum: the processes
-need not peak at one moment).
+need not peak at one moment), and the resident pages of the three counted once, each shared
+page once and not once a process (``unique``: the resident size they would have as one process;
+counted every 5 s, where the page map is readable).
 """
 
 from __future__ import annotations
@@ -123,6 +125,42 @@ def _pss(pid: int) -> int:
     except OSError:
         pass
     return _status_field(pid, "VmRSS")
+
+
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+PFN_MASK = np.uint64((1 << 55) - 1)
+"""a ``/proc/PID/pagemap`` entry's bits 0-54: the page's frame number, where bit 63 says it is
+resident (the kernel reads the frame number as 0 to a reader without ``CAP_SYS_ADMIN``)"""
+UNIQUE_EVERY_S = 5.0
+"""seconds between two counts of :func:`unique_resident_bytes` in a soak (one reads every mapped
+page's entry of the three processes: 35-40 ms of the soak's CPU for two processes of 90 MiB,
+measured; a count a second would take CPU from the clients being measured, and with ``--pin``
+they run on the hostile clients' CPU)"""
+
+
+def unique_resident_bytes(pids: list[int]) -> int | None:
+    """The resident bytes of ``pids`` together, each physical page counted once: the resident
+    size the processes would have as one (summed resident sizes count every shared page, the
+    libraries each maps, once in each process). From each process's page map, whose frame
+    numbers only a privileged reader sees: None where they read as 0."""
+    frames = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as maps, \
+                    open(f"/proc/{pid}/pagemap", "rb", buffering=0) as pagemap:
+                for line in maps:
+                    lo, hi = (int(x, 16) for x in line.split(None, 1)[0].split("-"))
+                    if hi > 1 << 47:  # [vsyscall], outside the user address space
+                        continue
+                    pagemap.seek(lo // PAGE_BYTES * 8)
+                    entries = np.frombuffer(pagemap.read((hi - lo) // PAGE_BYTES * 8), np.uint64)
+                    frames.append(entries[(entries >> np.uint64(63)) == 1] & PFN_MASK)
+        except OSError:
+            continue  # a child that exited between the listing and the read
+    resident = np.concatenate(frames) if frames else np.empty(0, np.uint64)
+    if not resident.size or not resident.any():
+        return None
+    return int(np.unique(resident).size) * PAGE_BYTES
 
 
 def rss_bytes(pid: int) -> tuple[int, int, int, int]:
@@ -472,9 +510,13 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
                   for _ in range(hostile)]
         for p in procs:
             p.start()
+        # this process's own sampling beside the hostile clients: the page counts, 35-40 ms of
+        # CPU each, on the loop's CPU raised the loop's lag p99 from 7.5 to 25 ms (ten minutes)
+        _pin(hostile_cpus)
         t0 = time.monotonic()
         memory: list[tuple[float, int, int, int]] = []
         lag: list[tuple[int, list[tuple[float, float]]]] = []  # the loop-lag histogram a second
+        unique: list[tuple[float, int]] = []  # (s, bytes) every UNIQUE_EVERY_S
         peak = 0
         hostile_segments: dict[int, int] = {}  # segment index -> attack index (-2: all)
         while (t := time.monotonic() - t0) < duration_s:
@@ -489,6 +531,10 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
                 rss, hwm, pss, n = rss_bytes(server.pid)
                 memory.append((t, rss, pss, n))
                 peak = max(peak, hwm)
+                if not unique or t - unique[-1][0] >= UNIQUE_EVERY_S:
+                    u = unique_resident_bytes(server_processes(server.pid))
+                    if u is not None:
+                        unique.append((t, u))
                 buckets = loop_lag_buckets(port)
                 if buckets is not None:
                     lag.append((index, buckets))
@@ -517,6 +563,12 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
     settled_s = warmup_s + 2 * segment_s * (len(attacks) if each else 1)
     report = _report(results, hostile_segments, attacks, each, memory, peak, settled_s, lag)
     report["memory_mib"]["peak_by_process"] = peaks
+    ut = np.array([t for t, _ in unique])
+    u = np.array([b for _, b in unique]) / 2**20
+    report["memory_mib"]["unique"] = None if not len(u) else {
+        "after_warmup": float(u[0]), "end": float(u[-1]), "max": float(u.max()),
+        "samples": len(u), "every_s": UNIQUE_EVERY_S,
+        "settled_slope_mib_per_min": _slope(ut[ut >= settled_s], u[ut >= settled_s])}
     return {"repo": str(repo), "duration_s": duration_s, "warmup_s": warmup_s,
             "segment_s": segment_s,
             "good_clients": good, "hostile_clients": hostile, "good_rate": good_rate,
@@ -872,6 +924,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['memory_settled_slope_mib_per_min']:+.3f} MiB/min")
     peaks = ", ".join(f"{role} {mib:.1f}" for role, mib in m["peak_by_process"].items())
     print(f"  each process's peak resident size (MiB): {peaks}")
+    u = m["unique"]
+    if u is None:
+        print("  resident pages counted once: not readable here (the page map's frame numbers "
+              "need a privileged reader)")
+    else:
+        print(f"  resident pages counted once ({u['samples']} counts, one every "
+              f"{u['every_s']:.0f} s): {u['after_warmup']:.1f} MiB after warm-up, "
+              f"{u['end']:.1f} at the end, at most {u['max']:.1f} MiB, slope from "
+              f"{r['memory_settled_from_s']:.0f} s {u['settled_slope_mib_per_min']:+.3f} "
+              "MiB/min")
     return 0
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
-from scripts.soak import ATTACKS, _lag_p99_ms, main, soak
+from scripts.soak import ATTACKS, _lag_p99_ms, _status_field, main, soak, unique_resident_bytes
 
 
 def test_the_loop_lag_p99_is_read_from_the_counts_added_within_segments():
@@ -21,6 +24,27 @@ def test_the_loop_lag_p99_is_read_from_the_counts_added_within_segments():
     assert _lag_p99_ms(lag, [0]) == 4.0
     assert _lag_p99_ms(lag, [1]) == 4.0 and _lag_p99_ms([lag[3], lag[4]], [1]) == 1.0
     assert _lag_p99_ms(lag, [5]) is None
+
+
+def test_resident_pages_two_processes_share_are_counted_once():
+    me = unique_resident_bytes([os.getpid()])
+    if me is None:
+        pytest.skip("the page map's frame numbers need a privileged reader")
+    rss = _status_field(os.getpid(), "VmRSS")
+    assert 0.8 * rss <= me <= 1.05 * rss, (me, rss)
+    # a process listed twice is counted once
+    assert unique_resident_bytes([os.getpid(), os.getpid()]) <= 1.05 * me
+    child = subprocess.Popen([sys.executable, "-c", "import numpy, sys, time; print(flush=True);"
+                              " sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()  # numpy imported
+        theirs = unique_resident_bytes([child.pid])
+        both = unique_resident_bytes([os.getpid(), child.pid])
+    finally:
+        child.communicate(b"")
+    # both interpreters map libpython and numpy's libraries from the same files: those pages
+    # count once
+    assert max(me, theirs) < both < me + theirs - 2 * 2**20, (me, theirs, both)
 
 
 def test_a_short_soak_reports_both_conditions_errors_and_memory():
@@ -52,6 +76,10 @@ def test_a_short_soak_reports_both_conditions_errors_and_memory():
     assert sum(by_process.values()) == pytest.approx(m["peak"], rel=0.05)
     assert 0 < m["pss_end"] <= m["end"] and math.isfinite(r["memory_pss_slope_mib_per_min"])
     assert r["memory_settled_from_s"] == 1.0 + 2 * 2.5
+    # the pages of the three counted once: fewer than their resident sizes summed
+    if m["unique"] is not None:
+        assert m["unique"]["samples"] >= 1
+        assert 20 < m["unique"]["max"] < m["max"] and m["unique"]["end"] <= m["unique"]["max"]
     # the server's event-loop lag, read from its /metrics once a second
     assert r["loop_lag_p99_ms"]["without_hostile"] > 0
 
