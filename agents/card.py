@@ -71,7 +71,8 @@ def write_card(cfg, run_dir: Path, run_name: str, traces: list[str], training: d
         f"{warm_start_line(training['warm_start'])}"
         f"{periodic_line(training)}"
         f"- export: max |ONNX - torch| = {export.max_abs_diff:.2g} on {export.num_checked} "
-        f"observations; operators {export.operators}\n\n"
+        f"observations ({export.graph_abs_diff:.2g} against the float32 module exported); "
+        f"operators {export.operators}\n\n"
         f"## Evaluation on held-out windows (eval split: after minute 40)\n\n{table}\n\n"
         f"## Config\n\n```json\n{json.dumps(dataclasses.asdict(cfg), indent=1)}\n```\n")
 
