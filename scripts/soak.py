@@ -510,8 +510,9 @@ def soak(duration_s: float, warmup_s: float, segment_s: float, good: int, hostil
                   for _ in range(hostile)]
         for p in procs:
             p.start()
-        # this process's own sampling beside the hostile clients: the page counts, 35-40 ms of
-        # CPU each, on the loop's CPU raised the loop's lag p99 from 7.5 to 25 ms (ten minutes)
+        # this process's own sampling beside the hostile clients: the page counts (35-40 ms of
+        # CPU each for two 90-MiB processes, measured; the server has three) on the loop's CPU
+        # raised the loop's lag p99 from 7.5 to 25 ms (ten minutes)
         _pin(hostile_cpus)
         t0 = time.monotonic()
         memory: list[tuple[float, int, int, int]] = []
