@@ -86,7 +86,7 @@ def policy_path(candidate: str) -> Path:
     return path
 
 
-DEPLOYMENT_FIELDS = ("slo", "batch_share", "admission", "admission_slack", "cotenant")
+DEPLOYMENT_FIELDS = ("slo", "batch_share", "admission", "admission_slack", "cotenant", "kv_shrink")
 """The :class:`EngineChoice` fields a run folder's ``config.json`` records (train.py's config
 inherits them) and the choice must replay under."""
 

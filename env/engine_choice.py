@@ -4,7 +4,7 @@ and the replay's typed configs both inherit, so the flags and their meaning are 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import tyro
 
@@ -17,7 +17,7 @@ from runtime.engine.slo import slo_classes_from_arg
 @dataclass
 class EngineChoice:
     """The SLO classes and the engine's levers (``--slo --batch-share --admission
-    --admission-slack --cotenant``)."""
+    --admission-slack --cotenant --kv-shrink``)."""
 
     slo: str | None = None
     """SLO classes: a preset (default, long-context) or name:ttft_s:tpot_s[:deadline_s],...,
@@ -35,6 +35,9 @@ class EngineChoice:
     cotenant: bool = False
     """lend the memory the engine leaves to the default co-tenant demand
     (env/traces/cotenant.py) and report the share served"""
+    kv_shrink: Literal["preempt", "wait"] = "preempt"
+    """a KV ratio lowered below what running requests hold: preempt the newest at once, or wait
+    (shrink only as far as they leave room, the rest as they finish; simulator only)"""
 
     def engine_config(self, *, seed: int = 0, **fields: Any) -> EngineConfig:
         """The engine config these flags name (``seed``: the co-tenant demand's; ``fields``:
@@ -42,7 +45,7 @@ class EngineChoice:
         config = EngineConfig(batch_share=self.batch_share, admission=self.admission.value,
                               admission_slack=self.admission_slack,
                               cotenant=cotenant_demand(seed=seed) if self.cotenant else None,
-                              **fields)
+                              kv_shrink=self.kv_shrink, **fields)
         if self.slo:
             config.slo_classes = slo_classes_from_arg(self.slo)
             config.default_slo_class = next(iter(config.slo_classes))

@@ -151,6 +151,45 @@ def test_shrinking_the_ratio_below_blocks_in_use_preempts_newest():
     assert all(r.status == Status.FINISHED for r in e.requests)
 
 
+def test_a_wait_shrink_preempts_nothing_and_reaches_the_ratio_as_requests_finish():
+    """``kv_shrink="wait"``: a cut below what three requests hold leaves the pool that and the room
+    for their next tokens, preempts none of them, and each later application of the low ratio
+    (as a session applies its knobs every interval) shrinks the pool further, to the ratio
+    itself once they have finished; the knobs say the ratio applied."""
+    from runtime.engine.engine import KV_ROOM_BLOCKS, KV_ROOM_PER_RUNNING
+
+    e = make_engine(hand_profile(blocks_at_half=100), window_ms=5, watermark=0.0,
+                    kv_shrink="wait")
+    e.add_requests([0.0, 0.001, 0.002, 30.0], [352, 352, 352, 64], [100, 100, 100, 20])
+    e.run_until(1.5)
+    used_before, blocks_before = e.pool.num_used, e.pool.num_blocks
+    low = Knobs(5.0, 2048, 0.4)
+    e.set_knobs(low)
+    e.check_invariants()
+    assert e.num_preemptions == 0 and len(e.running) == 3
+    assert (e.pool.num_used + KV_ROOM_PER_RUNNING * 3 + KV_ROOM_BLOCKS <= e.pool.num_blocks
+            < blocks_before)
+    assert 0.4 < e.knobs.kv_cache_ratio < 0.5 and e.pool.num_used == used_before
+    sizes = [e.pool.num_blocks]
+    t = 1.5
+    while e.knobs != low:
+        t += 0.25
+        assert t < 30.0, "the pool never reached the ratio"
+        e.run_until(t)
+        e.set_knobs(low)
+        e.check_invariants()
+        sizes.append(e.pool.num_blocks)
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] == 80
+    e.run_to_completion()
+    assert e.num_preemptions == 0
+    assert all(r.status == Status.FINISHED for r in e.requests)
+
+
+def test_a_wait_shrink_is_refused_by_name_when_misspelt():
+    with pytest.raises(ValueError, match="kv_shrink must be one of preempt, wait, got 'drain'"):
+        EngineConfig(kv_shrink="drain")
+
+
 def test_abort_ends_every_request_in_flight_with_a_reason():
     e = make_engine()
     arrivals, prompts, outputs = random_workload(0, 200, rate=50)

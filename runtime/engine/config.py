@@ -11,6 +11,10 @@ from runtime.engine.cotenant import CoTenantDemand
 from runtime.engine.slo import DEFAULT_SLO_CLASS, DEFAULT_SLO_CLASSES, SloTarget
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 
+KV_SHRINK_WAIT = "wait"
+KV_SHRINK_MODES = ("preempt", KV_SHRINK_WAIT)
+"""what a KV ratio lowered below the blocks in use does (``EngineConfig.kv_shrink``)"""
+
 MAX_ARRIVAL_S = 1e10
 """The latest arrival the engine accepts, in seconds (about 317 years). float64 still resolves
 a microsecond there (an iteration's time must not vanish in rounding, or time would stop);
@@ -48,6 +52,11 @@ class EngineConfig:
     many TTFT targets without a first token (a knob: ``Engine.set_knobs`` changes it)"""
     cotenant: CoTenantDemand | None = None
     """the memory demand of a co-located tenant, served from the memory the engine leaves"""
+    kv_shrink: str = KV_SHRINK_MODES[0]
+    """what a ``kv_cache_ratio`` lowered below what the running requests hold does: preempt (the
+    newest requests, at once, until the pool fits) or wait (the pool shrinks only as far as what
+    is held leaves room for, no request is preempted for it, and each later application of the
+    ratio shrinks it further as requests finish: memory is lent as it frees)"""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -63,6 +72,9 @@ class EngineConfig:
         if self.admission not in tuple(AdmissionPolicy):
             raise ValueError(f"admission must be one of {', '.join(AdmissionPolicy)}, got "
                              f"{self.admission!r}")
+        if self.kv_shrink not in KV_SHRINK_MODES:
+            raise ValueError(f"kv_shrink must be one of {', '.join(KV_SHRINK_MODES)}, got "
+                             f"{self.kv_shrink!r}")
         lo, hi = ADMISSION_SLACK_RANGE
         if not lo <= self.admission_slack <= hi:
             raise ValueError(f"admission_slack must lie in [{lo:g}, {hi:g}] TTFT targets, got "

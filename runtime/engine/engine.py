@@ -71,7 +71,7 @@ from typing import cast
 from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.block_pool import BlockPool
 from runtime.engine.closed_form import ClosedFormMixin
-from runtime.engine.config import MAX_ARRIVAL_S, EngineConfig, check_batch_share
+from runtime.engine.config import KV_SHRINK_WAIT, MAX_ARRIVAL_S, EngineConfig, check_batch_share
 from runtime.engine.executor import Executor
 from runtime.engine.metrics import IntervalStats, SummaryAccumulator
 from runtime.engine.observing import ObservingMixin
@@ -83,6 +83,11 @@ __all__ = ["MAX_ARRIVAL_S", "Engine", "EngineConfig"]
 
 _request_id = operator.attrgetter("req_id")
 _IMMUTABLE = frozenset((int, float, bool, str, type(None), AdmissionPolicy))
+KV_ROOM_PER_RUNNING = 2
+"""blocks a ``wait`` shrink leaves free for each running request's next tokens (the pool is
+shrunk again at the ratio's next application, every decision interval)"""
+KV_ROOM_BLOCKS = 16
+"""blocks a ``wait`` shrink leaves free besides, for admissions"""
 """types of engine state a fork shares rather than copies"""
 _arrival = operator.attrgetter("arrival_s")
 
@@ -177,12 +182,19 @@ class Engine(ClosedFormMixin, ObservingMixin):
     def set_knobs(self, knobs: Knobs) -> float:
         """Apply new knobs now, all five (the one place knobs are applied); returns the seconds
         the change cost (a pool resize stalls the engine). Lowering the ratio below the blocks in
-        use preempts the newest requests. A new ``batch_share`` applies from the next admission
+        use preempts the newest requests, or, with ``config.kv_shrink`` ``wait``, lowers it only
+        as far as :meth:`_ratio_with_room` allows (the knobs then hold the ratio applied, and the
+        next application of the lower one goes further). A new ``batch_share`` applies from the
+        next admission
         and step (running batch requests are not preempted for it); a new ``admission_slack``
         applies under the configured admission policy at once (see :meth:`_apply_admission`)."""
         old = self.knobs
         if knobs is old or knobs == old:  # every interval of a replay: mostly unchanged
             return 0.0
+        if knobs.kv_cache_ratio < old.kv_cache_ratio and self.config.kv_shrink == KV_SHRINK_WAIT:
+            knobs = self._ratio_with_room(knobs)
+            if knobs == old:
+                return 0.0
         self._account_memory()
         self.knobs = knobs
         if knobs.batch_share != old.batch_share:
@@ -215,6 +227,20 @@ class Engine(ClosedFormMixin, ObservingMixin):
         self.now += cost
         self._interval.resize_s += cost
         return cost
+
+    def _ratio_with_room(self, knobs: Knobs) -> Knobs:
+        """``knobs`` with the KV ratio raised, where it must be, to the least (in steps of
+        0.001, at most the ratio in force) whose pool holds what the running requests hold and
+        :data:`KV_ROOM_PER_RUNNING` blocks more for each of them, plus :data:`KV_ROOM_BLOCKS`:
+        the pool a ``wait`` shrink leaves (``EngineConfig.kv_shrink``)."""
+        room = self.pool.num_used + KV_ROOM_PER_RUNNING * len(self.running) + KV_ROOM_BLOCKS
+        memory = self.memory
+        if memory.num_kv_blocks(knobs.kv_cache_ratio) >= room:
+            return knobs
+        ratio = math.ceil(room * memory.kv_block_bytes / memory.free_after_weights * 1000) / 1000
+        while memory.num_kv_blocks(ratio) < room:
+            ratio = round(ratio + 0.001, 3)
+        return dataclasses.replace(knobs, kv_cache_ratio=min(ratio, self.knobs.kv_cache_ratio))
 
     def set_batch_share(self, share: float) -> None:
         """Set the ``batch_share`` knob alone (through :meth:`set_knobs`)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from runtime.engine.config import EngineConfig
 from runtime.engine.request import Status
 from runtime.engine.slo import SloTarget
@@ -80,6 +82,13 @@ def test_kv_cap_bounds_the_blocks_held_and_preempts_when_it_falls(vllm_server):
     assert not sch.bp_withheld and pool.get_num_free_blocks() == sch.bp_pool_blocks
     s = eng.summary()
     assert (s.finished, s.rejected, s.preemptions) == (8, 0, sch.ledger.num_preemptions)
+
+
+def test_the_adapter_refuses_a_wait_shrink_by_name(vllm_server):
+    """The simulator may lend KV memory only as it frees (``kv_shrink="wait"``); the adapter's
+    cap preempts, and says so rather than run a deployment it does not implement."""
+    with pytest.raises(ValueError, match="kv_shrink 'wait': the vLLM adapter's KV cap preempts"):
+        vllm_server.engine(config=EngineConfig(kv_shrink="wait"))
 
 
 def test_window_holds_admission_until_it_expires_or_the_chunk_fills(vllm_server):
