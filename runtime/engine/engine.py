@@ -83,12 +83,12 @@ __all__ = ["MAX_ARRIVAL_S", "Engine", "EngineConfig"]
 
 _request_id = operator.attrgetter("req_id")
 _IMMUTABLE = frozenset((int, float, bool, str, type(None), AdmissionPolicy))
+"""types of engine state a fork shares rather than copies"""
 KV_ROOM_PER_RUNNING = 2
 """blocks a ``wait`` shrink leaves free for each running request's next tokens (the pool is
 shrunk again at the ratio's next application, every decision interval)"""
 KV_ROOM_BLOCKS = 16
 """blocks a ``wait`` shrink leaves free besides, for admissions"""
-"""types of engine state a fork shares rather than copies"""
 _arrival = operator.attrgetter("arrival_s")
 
 
@@ -185,9 +185,9 @@ class Engine(ClosedFormMixin, ObservingMixin):
         use preempts the newest requests, or, with ``config.kv_shrink`` ``wait``, lowers it only
         as far as :meth:`_ratio_with_room` allows (the knobs then hold the ratio applied, and the
         next application of the lower one goes further). A new ``batch_share`` applies from the
-        next admission
-        and step (running batch requests are not preempted for it); a new ``admission_slack``
-        applies under the configured admission policy at once (see :meth:`_apply_admission`)."""
+        next admission and step (running batch requests are not preempted for it); a new
+        ``admission_slack`` applies under the configured admission policy at once (see
+        :meth:`_apply_admission`)."""
         old = self.knobs
         if knobs is old or knobs == old:  # every interval of a replay: mostly unchanged
             return 0.0
