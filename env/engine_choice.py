@@ -4,12 +4,13 @@ and the replay's typed configs both inherit, so the flags and their meaning are 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import tyro
 
 from env.traces.cotenant import cotenant_demand
 from runtime.engine.admission import AdmissionPolicy
+from runtime.engine.config import KvShrink
 from runtime.engine.engine import EngineConfig
 from runtime.engine.slo import slo_classes_from_arg
 
@@ -35,7 +36,7 @@ class EngineChoice:
     cotenant: bool = False
     """lend the memory the engine leaves to the default co-tenant demand
     (env/traces/cotenant.py) and report the share served"""
-    kv_shrink: Literal["preempt", "wait"] = "preempt"
+    kv_shrink: KvShrink = EngineConfig.kv_shrink
     """a KV ratio lowered below what running requests hold: preempt the newest at once, or wait
     (shrink only as far as they leave room, the rest as they finish; simulator only)"""
 

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from runtime.engine.admission import ADMISSION_SLACK_RANGE, AdmissionPolicy
 from runtime.engine.cotenant import CoTenantDemand
 from runtime.engine.slo import DEFAULT_SLO_CLASS, DEFAULT_SLO_CLASSES, SloTarget
 from runtime.knobs import DEFAULT_KNOBS, Knobs
 
-KV_SHRINK_WAIT = "wait"
-KV_SHRINK_MODES = ("preempt", KV_SHRINK_WAIT)
+KvShrink = Literal["preempt", "wait"]
 """what a KV ratio lowered below the blocks in use does (``EngineConfig.kv_shrink``)"""
+KV_SHRINK_MODES: tuple[str, ...] = get_args(KvShrink)
+KV_SHRINK_PREEMPT: KvShrink = "preempt"
+KV_SHRINK_WAIT: KvShrink = "wait"
+assert (KV_SHRINK_PREEMPT, KV_SHRINK_WAIT) == KV_SHRINK_MODES
 
 MAX_ARRIVAL_S = 1e10
 """The latest arrival the engine accepts, in seconds (about 317 years). float64 still resolves
@@ -52,11 +56,12 @@ class EngineConfig:
     many TTFT targets without a first token (a knob: ``Engine.set_knobs`` changes it)"""
     cotenant: CoTenantDemand | None = None
     """the memory demand of a co-located tenant, served from the memory the engine leaves"""
-    kv_shrink: str = KV_SHRINK_MODES[0]
+    kv_shrink: KvShrink = KV_SHRINK_PREEMPT
     """what a ``kv_cache_ratio`` lowered below what the running requests hold does: preempt (the
     newest requests, at once, until the pool fits) or wait (the pool shrinks only as far as what
     is held leaves room for, no request is preempted for it, and each later application of the
-    ratio shrinks it further as requests finish: memory is lent as it frees)"""
+    ratio shrinks it further as requests finish: memory is lent as it frees; a driver that
+    applies a ratio once, as the oracle's rollouts do, leaves a partial shrink where it was)"""
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -69,7 +69,7 @@ from vllm.v1.request import Request as VllmRequest
 from vllm.v1.request import RequestStatus
 
 from runtime.engine.admission import AdmissionPolicy
-from runtime.engine.config import KV_SHRINK_MODES, EngineConfig
+from runtime.engine.config import KV_SHRINK_PREEMPT, EngineConfig
 from runtime.engine.metrics import IntervalStats, RunSummary
 from runtime.engine.request import RejectReason, Request, Status
 from runtime.knobs import DEFAULT_KNOBS, KNOB_SPEC_BY_NAME, Knobs
@@ -209,10 +209,10 @@ class KnobSchedulerMixin:
         if getattr(self, "bp_meta", None) and any(
                 r.status < Status.FINISHED for r in self.bp_meta.values()):
             raise RuntimeError("configure() with requests in flight")
-        if config.kv_shrink != KV_SHRINK_MODES[0]:
+        if config.kv_shrink != KV_SHRINK_PREEMPT:
             raise ValueError(f"EngineConfig.kv_shrink {config.kv_shrink!r}: the vLLM adapter's "
                              f"KV cap preempts when it falls below what requests hold "
-                             f"({KV_SHRINK_MODES[0]!r}); {config.kv_shrink!r} is the simulator's")
+                             f"({KV_SHRINK_PREEMPT!r}); {config.kv_shrink!r} is the simulator's")
         knobs = config.start_knobs(knobs)
         self.bp_config = config
         self.bp_clock = clock if clock is not None else _Clock()
