@@ -38,7 +38,8 @@ class EngineChoice:
     (env/traces/cotenant.py) and report the share served"""
     kv_shrink: KvShrink = EngineConfig.kv_shrink
     """a KV ratio lowered below what running requests hold: preempt the newest at once, or wait
-    (shrink only as far as they leave room, the rest as they finish; simulator only)"""
+    (shrink only as far as they leave room, the rest as they finish; simulator only, a study
+    setting: the shipped lending guard's hold starts from a preemption, docs/results.md)"""
 
     def engine_config(self, *, seed: int = 0, **fields: Any) -> EngineConfig:
         """The engine config these flags name (``seed``: the co-tenant demand's; ``fields``:
