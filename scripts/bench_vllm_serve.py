@@ -19,10 +19,13 @@ rotated every repeat; a row gives interactive attainment (median and range), req
 errors and 5xx, and whether every request sent ended (sent = completed + shed + refused +
 errors + cut).
 
-``cost``: the same stream through two servers started side by side, vLLM alone and vLLM with
-batchpilot holding static knobs that match vLLM's start-up (window 5 ms, the chunk at vLLM's
-token budget, the whole KV pool), runs alternated A B B A ...; TTFT and TPOT p50 and p99 of each
-run, their medians per arm and the ratios (the controller's cost in the server).
+``cost``: the same stream through three servers started side by side: vLLM alone, and vLLM with
+batchpilot holding static knobs that match vLLM's start-up (the chunk at vLLM's token budget,
+the whole KV pool), once with the batch window released (``BATCHPILOT_VLLM_HOLD_WINDOW=false``:
+requests enter vLLM's queue as they arrive, so the difference is the controller's own work) and
+once held at the knob's floor of 5 ms (the window's cost on top); the order rotated every
+repeat; TTFT and TPOT p50 and p99 of each run, their medians per arm and the ratios to vLLM
+alone.
 
 ``faults``: one server started on a corrupt policy under a steady stream; then a good policy
 reloaded, the live policy file replaced by garbage, and a policy that raises in serving
@@ -361,6 +364,12 @@ def poisson_window(args: Args, seed: int = 0):
                    output=LogNormalLengths(mean=30.0, p99=128.0, max_tokens=128))
 
 
+COST_ARMS = ("vllm", "released", "held")
+"""the cost figure's servers: vLLM alone; vLLM with batchpilot holding static knobs, the batch
+window released (requests enter vLLM's queue as they arrive, as without batchpilot: the
+controller's own cost); the same with the window held at its floor of 5 ms (the knob's cost)"""
+
+
 def figure_cost(args: Args, log) -> dict:
     from runtime.knobs import KNOB_SPEC_BY_NAME
 
@@ -369,54 +378,66 @@ def figure_cost(args: Args, log) -> dict:
     held = {"CONTROLLER": "static", "STATIC_BATCH_WINDOW_MS": "5",
             "STATIC_PREFILL_CHUNK_TOKENS": str(args.max_num_batched_tokens),
             "STATIC_KV_CACHE_RATIO": str(ratio_top)}
-    plain = start(model, args, controller=False)
-    log(f"vLLM alone answered after {plain.ready_s:.0f} s")
-    ours = start(model, args, settings=held)
-    log(f"vLLM with batchpilot answered after {ours.ready_s:.0f} s")
-    runs: dict[str, list[dict]] = {"vllm": [], "batchpilot": []}
+    servers: dict[str, Any] = {}
+    runs: dict[str, list[dict]] = {arm: [] for arm in COST_ARMS}
     w = poisson_window(args)
     try:
+        for arm in COST_ARMS:
+            if arm == "vllm":
+                servers[arm] = start(model, args, controller=False)
+            else:
+                servers[arm] = start(model, args, settings={
+                    **held, "HOLD_WINDOW": str(arm == "held").lower()})
+            log(f"{arm} answered after {servers[arm].ready_s:.0f} s")
         for k in range(args.repeats):
-            order = ("vllm", "batchpilot") if k % 2 == 0 else ("batchpilot", "vllm")
+            # every arm first, second and last in turn
+            order = COST_ARMS[k % 3:] + COST_ARMS[:k % 3]
+            if k % 2:
+                order = order[::-1]
             for arm in order:
-                proc = plain if arm == "vllm" else ours
-                out = replay(proc.url, model, w, args, seed=0)
+                out = replay(servers[arm].url, model, w, args, seed=0)
                 runs[arm].append(out)
-                log(f"  {arm} #{k + 1}: TTFT p50 {out['ttft_p50_s'] * 1e3:.0f} ms p99 "
-                    f"{out['ttft_p99_s'] * 1e3:.0f} ms, TPOT p50 {out['tpot_p50_s'] * 1e3:.1f} ms "
-                    f"p99 {out['tpot_p99_s'] * 1e3:.1f} ms, errors {out['errors']} "
+                log(f"  {arm} #{k + 1}: TTFT p50 {out['ttft_p50_s'] * 1e3:.1f} ms p99 "
+                    f"{out['ttft_p99_s'] * 1e3:.1f} ms, TPOT p50 {out['tpot_p50_s'] * 1e3:.2f} "
+                    f"ms p99 {out['tpot_p99_s'] * 1e3:.2f} ms, errors {out['errors']} "
                     f"(load {out['load_1m']:.1f})")
                 time.sleep(2.0)
-        state = Server(ours, model).state()
+        states = {arm: Server(servers[arm], model).state() for arm in COST_ARMS[1:]}
     finally:
-        plain.stop()
-        ours.stop()
+        for server in servers.values():
+            server.stop()
     keys = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s")
     med = {arm: {k: float(np.median([r[k] for r in rs])) for k in keys}
            for arm, rs in runs.items()}
     spread = {arm: {k: [float(min(r[k] for r in rs)), float(max(r[k] for r in rs))]
                     for k in keys} for arm, rs in runs.items()}
-    # ratios of each alternated pair, for their spread
-    pairs = {k: [b[k] / a[k] for a, b in zip(runs["vllm"], runs["batchpilot"])] for k in keys}
-    return {"figure": "cost", "median": med, "range": spread,
-            "ratio": {k: med["batchpilot"][k] / med["vllm"][k] for k in keys},
+    # ratios to vLLM alone of each repeat's runs (the arms of one repeat run back to back)
+    pairs = {arm: {k: [b[k] / a[k] for a, b in zip(runs["vllm"], runs[arm])] for k in keys}
+             for arm in COST_ARMS[1:]}
+    return {"figure": "cost", "arms": list(COST_ARMS), "median": med, "range": spread,
+            "ratio": {arm: {k: med[arm][k] / med["vllm"][k] for k in keys}
+                      for arm in COST_ARMS[1:]},
             "pair_ratios": pairs, "requests": len(w), "repeats": args.repeats,
             "errors": {arm: sum(r["errors"] + r["status_5xx"] for r in rs)
                        for arm, rs in runs.items()},
             "load_1m": {arm: [r["load_1m"] for r in rs] for arm, rs in runs.items()},
-            "decisions": state["decisions"], "ticks": state["ticks"]}
+            "window_held": {arm: st["window_held"] for arm, st in states.items()},
+            "decisions": {arm: st["decisions"] for arm, st in states.items()}}
 
 
 def table_cost(result: dict) -> str:
-    lines = ["| figure | vLLM alone (range) | with batchpilot, static knobs held (range) | "
-             "ratio | ratio per pair |", "|---|---|---|---|---|"]
+    lines = ["| figure | vLLM alone (range) | batchpilot, window released (range) | ratio | "
+             "per repeat | batchpilot, window held at 5 ms (range) | ratio | per repeat |",
+             "|---|---|---|---|---|---|---|---|"]
     for k in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"):
-        a, b = result["median"]["vllm"][k], result["median"]["batchpilot"][k]
-        ra, rb = result["range"]["vllm"][k], result["range"]["batchpilot"][k]
-        lines.append(f"| {k[:4].upper()} {k[5:8]} | {a * 1e3:.1f} ms ({ra[0] * 1e3:.1f}-"
-                     f"{ra[1] * 1e3:.1f}) | {b * 1e3:.1f} ms ({rb[0] * 1e3:.1f}-{rb[1] * 1e3:.1f})"
-                     f" | {result['ratio'][k]:.3f} | "
-                     f"{', '.join(f'{x:.3f}' for x in result['pair_ratios'][k])} |")
+        cells = [f"{k[:4].upper()} {k[5:8]}"]
+        for arm in COST_ARMS:
+            m, (lo, hi) = result["median"][arm][k], result["range"][arm][k]
+            cells.append(f"{m * 1e3:.2f} ms ({lo * 1e3:.2f}-{hi * 1e3:.2f})")
+            if arm != "vllm":
+                cells.append(f"{result['ratio'][arm][k]:.3f}")
+                cells.append(", ".join(f"{x:.3f}" for x in result["pair_ratios"][arm][k]))
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -30,6 +30,8 @@ def test_the_defaults_are_the_static_default_and_the_shipped_policy():
     s = ServeSettings.from_environment({})
     assert s.static_knobs() == DEFAULT_KNOBS
     assert s.controller == "policy" and s.interval_s == 0.25 and s.admission == "fcfs"
+    assert s.hold_window
+    assert not ServeSettings.from_environment({P + "HOLD_WINDOW": "false"}).hold_window
     assert s.start_policy_path() is not None and s.start_policy_path().name == "policy.onnx"
     config = s.engine_config()
     assert config.slo_classes == DEFAULT_SLO_CLASSES and not config.keep_requests
@@ -48,6 +50,8 @@ def test_every_bad_setting_is_named():
         ServeSettings.from_environment({P + "STATIC_PREFILL_CHUNK_TOKENS": "lots"})
     with pytest.raises(ServeSettingsError, match="POLICY_FILE"):
         ServeSettings.from_environment({P + "POLICY_FILE": "../elsewhere.onnx"})
+    with pytest.raises(ServeSettingsError, match="HOLD_WINDOW"):
+        ServeSettings.from_environment({P + "HOLD_WINDOW": "sometimes"})
 
 
 def test_a_settings_file_is_read_and_a_variable_wins_over_it(tmp_path):

@@ -149,9 +149,11 @@ class VllmServer:
         return time.perf_counter() - t0
 
     def engine(self, config: EngineConfig | None = None, knobs: Knobs = DEFAULT_KNOBS, *,
-               seed: int = 0, record_steps: bool = False) -> VllmEngine:
+               seed: int = 0, record_steps: bool = False,
+               hold_window: bool = True) -> VllmEngine:
         """A fresh engine for one run on this vLLM (what an earlier run left is aborted)."""
-        return VllmEngine(self, config, knobs, seed=seed, record_steps=record_steps)
+        return VllmEngine(self, config, knobs, seed=seed, record_steps=record_steps,
+                          hold_window=hold_window)
 
     def abort_leftovers(self) -> int:
         """Abort what an earlier run left in vLLM (a run cut short by an error), stepping vLLM
@@ -198,11 +200,13 @@ class VllmEngine:
     :param knobs: the knobs to start with
     :param seed: seed of the prompts' token ids
     :param record_steps: keep every step's features and times in :attr:`steps`
+    :param hold_window: False releases the batch window: requests enter vLLM's queue as they
+        arrive, as without batchpilot (the simulator always holds it)
     """
 
     def __init__(self, server: VllmServer, config: EngineConfig | None = None,
                  knobs: Knobs = DEFAULT_KNOBS, *, seed: int = 0,
-                 record_steps: bool = False) -> None:
+                 record_steps: bool = False, hold_window: bool = True) -> None:
         if server.scheduler.bp_meta or server.llm_engine.has_unfinished_requests():
             server.abort_leftovers()
         self.server = server
@@ -212,7 +216,7 @@ class VllmEngine:
         self.max_model_len = server.max_model_len
         self._t0: float | None = None
         self.scheduler.configure(self.config, knobs, clock=self._clock,
-                                 kv_block_bytes=server.kv_block_bytes)
+                                 kv_block_bytes=server.kv_block_bytes, hold_window=hold_window)
         self.ledger = self.scheduler.ledger
         self._pending: list[Request] = []
         self._next = 0

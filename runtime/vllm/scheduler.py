@@ -22,7 +22,9 @@ kv_cache_ratio       a cap on the KV blocks vLLM may hold: ``pool * ratio / POOL
                      hold, the newest requests (batch first) are preempted, as the simulator
                      does. This caps use; it does not give memory back to the device.
 batch_window_ms      a new request is held out of vLLM's waiting queue until the oldest held one
-                     has waited the window or the held prompts fill the chunk
+                     has waited the window or the held prompts fill the chunk; with the window
+                     released (``configure(..., hold_window=False)``) it enters vLLM's queue at
+                     once, as in vLLM on its own, and the knob is decided but not applied
 batch_share          interactive requests go first (vLLM's priority scheduling: class rank as
                      the priority, so batch work is also the first preempted); batch requests
                      enter vLLM's queue only when no interactive one waits, while the running
@@ -201,11 +203,13 @@ class KnobSchedulerMixin:
     # ------------------------------------------------------------------ settings
     def configure(self, config: EngineConfig, knobs: Knobs, *,
                   clock: Callable[[], float] | None = None,
-                  kv_block_bytes: int | None = None) -> None:
+                  kv_block_bytes: int | None = None, hold_window: bool = True) -> None:
         """Start afresh with these SLO classes, admission policy and knobs (no request may be in
         flight): the accounting is reset. ``clock``: seconds on the caller's clock (default:
         monotonic seconds since now); ``kv_block_bytes``: for the KV GiB-seconds (default: from
-        vLLM's KV cache config)."""
+        vLLM's KV cache config); ``hold_window`` False releases the window: a new request enters
+        vLLM's queue at once, as it does without batchpilot, whatever ``batch_window_ms`` says
+        (the knob's floor of 5 ms is a hold vLLM itself never makes)."""
         if getattr(self, "bp_meta", None) and any(
                 r.status < Status.FINISHED for r in self.bp_meta.values()):
             raise RuntimeError("configure() with requests in flight")
@@ -215,6 +219,7 @@ class KnobSchedulerMixin:
                              f"({KV_SHRINK_PREEMPT!r}); {config.kv_shrink!r} is the simulator's")
         knobs = config.start_knobs(knobs)
         self.bp_config = config
+        self.bp_hold_window = hold_window
         self.bp_clock = clock if clock is not None else _Clock()
         if kv_block_bytes is None:
             kv_block_bytes = _kv_block_bytes(getattr(self, "kv_cache_config", None))
@@ -464,12 +469,16 @@ class KnobSchedulerMixin:
         if self.bp_held:
             meta = self.bp_meta.get(self.bp_held[0].request_id)
             if meta is not None:
-                wake = meta.arrival_s + self.bp_knobs.batch_window_ms * 1e-3
+                wake = meta.arrival_s + self._bp_window_s()
         if self.bp_late:
             wake = self.ledger.now
         if self.ledger.policy != AdmissionPolicy.FCFS or self.bp_held_batch:
             wake = min(wake, self.ledger.next_deadline_s())
         return wake
+
+    def _bp_window_s(self) -> float:
+        """How long a new interactive request is held: the window knob, or 0 released."""
+        return self.bp_knobs.batch_window_ms * 1e-3 if self.bp_hold_window else 0.0
 
     def _bp_arrange(self) -> tuple[list[VllmRequest], int, bool]:
         """Order ``running`` for vLLM's budget loop (decodes, then interactive prefill, then
@@ -577,7 +586,7 @@ class KnobSchedulerMixin:
         knobs = self.bp_knobs
         if self.bp_held:
             first = self.bp_meta.get(self.bp_held[0].request_id)
-            due = first is None or now >= first.arrival_s + knobs.batch_window_ms * 1e-3
+            due = first is None or now >= first.arrival_s + self._bp_window_s()
             if due or self.bp_held_tokens >= self.bp_chunk:
                 self._bp_hand_over(self.bp_held)
                 self.bp_held_tokens = 0

@@ -106,6 +106,21 @@ def test_window_holds_admission_until_it_expires_or_the_chunk_fills(vllm_server)
     assert first.t_s < 0.1
 
 
+def test_a_released_window_admits_each_request_as_it_arrives(vllm_server):
+    """With the window released, the 200 ms the knob says hold no request: each enters vLLM's
+    queue at the first step after it arrives, as in vLLM without batchpilot."""
+    eng = vllm_server.engine(knobs=Knobs(200.0, 2048, 0.95), hold_window=False)
+    eng.add_requests([0.0, 0.05, 0.1], [64] * 3, [2] * 3)
+    drain(eng, step_s=0.02)
+    admitted = [s for s in eng.scheduler.bp_steps if s.admitted]
+    assert admitted[0].t_s < 0.1 and len(admitted[0].admitted) == 1
+    assert sum(len(s.admitted) for s in admitted) == 3 and len(admitted) >= 2
+    assert eng.knobs.batch_window_ms == 200.0  # decided and reported, not applied
+    assert eng.summary().finished == 3
+    # the next engine on this vLLM holds it again by default
+    assert vllm_server.engine().scheduler.bp_hold_window
+
+
 def test_a_late_request_is_aborted_by_vllm_with_reason_shed(vllm_server):
     config = EngineConfig(slo_classes={"interactive": SloTarget(0.1, 1.0)},
                           default_slo_class="interactive", admission="shed")

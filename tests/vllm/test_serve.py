@@ -336,6 +336,7 @@ def test_the_metrics_show_what_it_did(served):
     cap = value('batchpilot_vllm_kv_blocks{state="cap"}')
     assert 0 < cap <= pool and value('batchpilot_vllm_kv_blocks{state="withheld"}') == pool - cap
     assert value("batchpilot_vllm_passthrough") == 0.0
+    assert value("batchpilot_vllm_window_held") == 1.0 and s["window_held"] is True
     assert value('batchpilot_vllm_decision_seconds_bucket{le="+Inf"}') >= s["ticks"] > 0
     # every request that entered ended, finished or rejected with a reason
     r = s["requests"]

@@ -107,6 +107,21 @@ def test_it_decides_every_interval_busy_and_idle(vllm_server):
         assert sch.bp_steps  # the knobs were applied at vLLM's steps
 
 
+@pytest.mark.parametrize("hold", [True, False])
+def test_the_window_setting_holds_or_releases_new_requests(vllm_server, hold):
+    """``BATCHPILOT_VLLM_HOLD_WINDOW``: held, a new request waits the window (200 ms) before
+    vLLM's queue; released, it enters at vLLM's next step, whatever the knob says."""
+    with serving(vllm_server, controller="static", static_batch_window_ms=200.0,
+                 hold_window=hold) as sch:
+        t0 = sch._bp_now()
+        assert len(serve(vllm_server, [32], [2])) == 1
+        first = next(s for s in sch.bp_steps if s.admitted and s.t_s >= t0)
+        waited = first.t_s - t0
+        assert waited >= 0.2 if hold else waited < 0.2
+        assert sch.bp_controller.state()["window_held"] is hold
+        assert sch.knobs.batch_window_ms == 200.0
+
+
 def test_a_controller_that_raises_holds_the_static_knobs(vllm_server, captured):
     class Raises:
         def decide(self, observation):

@@ -54,7 +54,8 @@ class ServingScheduler(BatchpilotScheduler):
         self.bp_lock = threading.RLock()
         self.bp_passthrough = False
         self.bp_fault: str | None = None
-        self.configure(settings.engine_config(), settings.static_knobs())
+        self.configure(settings.engine_config(), settings.static_knobs(),
+                       hold_window=settings.hold_window)
         self.bp_controller = ServingController(self, settings)
         self.bp_controller.start(self.bp_lock)
 

@@ -93,6 +93,10 @@ class ServeSettings(BaseModel):
     """static ``batch_share``"""
     static_admission_slack: float = DEFAULT_KNOBS.admission_slack
     """static ``admission_slack``, in TTFT targets"""
+    hold_window: bool = True
+    """hold new requests for the batch window (the knob, 5 ms at least); false releases it: they
+    enter vLLM's queue at once, as in vLLM without batchpilot, and the window is decided and
+    reported but not applied (the policy still sees the window it decided)"""
     admission: Literal["fcfs", "shed", "late_to_back"] = "fcfs"
     """what happens to an interactive request late for its first token: fcfs (nothing), shed
     (vLLM aborts it: its stream ends with ``finish_reason`` abort and ``stop_reason``

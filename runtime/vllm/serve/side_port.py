@@ -175,6 +175,10 @@ class ControllerCollector(Collector):
                                 "1 when the knobs' per-step application failed and vLLM runs "
                                 "on its own start-up scheduling", value=float(
                                     bool(getattr(sch, "bp_passthrough", False))))
+        yield GaugeMetricFamily("batchpilot_vllm_window_held",
+                                "1 when new requests are held for the batch window, 0 when it "
+                                "is released (they enter vLLM's queue at once)",
+                                value=float(getattr(sch, "bp_hold_window", True)))
         yield GaugeMetricFamily("batchpilot_vllm_interval_attainment",
                                 "SLO attainment of the last closed interval",
                                 value=last.stats.slo_attainment if last is not None else 1.0)
