@@ -28,6 +28,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import asyncio
 import gc
+import importlib.util
 import json
 import platform
 import secrets
@@ -250,9 +251,10 @@ def percentiles_us(samples_ns: np.ndarray) -> tuple[float, float, float]:
     return float(p50), float(p99), float(p999)
 
 
-def bench_in_process(policy_path: Path, num_calls: int, rounds: int = 30) -> dict:
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+def timed_functions(policy_path: Path) -> tuple[dict[str, Callable], list[np.ndarray]]:
+    """The three functions timed (the guarded policy, the PID fallback, the numpy floor) and a
+    pool of observations inside the policy's training distribution, checked: the floor computes
+    the policy's actions, and the policy (not a fallback) decides every observation."""
     policy_decider = GuardedDecider(policy_path, breaker=CircuitBreaker(trip_after=0))
     pool = [vector_from_fields(f)
             for f in observation_pool(1024, distribution=training_distribution(policy_path))]
@@ -267,7 +269,13 @@ def bench_in_process(policy_path: Path, num_calls: int, rounds: int = 30) -> dic
         raise RuntimeError(f"the policy decided not every benchmark observation ({sources}): "
                            "the figures would time its fallback")
     assert all(pid_decider.decide(o).source == "pid" for o in pool[:64])
-    fns = {"decide": policy_decider.decide, "pid": pid_decider.decide, "floor": floor}
+    return {"decide": policy_decider.decide, "pid": pid_decider.decide, "floor": floor}, pool
+
+
+def bench_in_process(policy_path: Path, num_calls: int, rounds: int = 30) -> dict:
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
+    fns, pool = timed_functions(policy_path)
     per_round = max(1, num_calls // rounds)
     samples = {k: np.empty(per_round * rounds, dtype=np.int64) for k in fns}
     clock = time.perf_counter_ns
@@ -571,13 +579,49 @@ class Args:
     """request rate of the load run"""
     no_rest: bool = False
     """in-process figures only"""
+    spaced_calls: int = 40
+    """calls of each function timed one every ``spaced_gap_s`` (0: none)"""
+    spaced_gap_s: float = 0.05
+    """seconds between two spaced calls (a server decides once an interval, 0.25 s by
+    default; on the project machine 50 ms leave the caches as cold as 250 ms)"""
     repo: Path = REPO
     """the checkout whose server the REST figures are taken from (this one; another commit's
     worktree, to compare two servers with the same client)"""
 
 
+def bench_spaced(policy_path: Path, num_calls: int, gap_s: float) -> dict:
+    """The same three functions, one call every ``gap_s`` (in turn), as a server deciding once
+    an interval calls them: between two decisions the machine runs other work, or sleeps, and
+    the next decision finds its code and data out of the caches. The back-to-back figures above
+    time a hot loop; these time what one interval's decision costs."""
+    fns, pool = timed_functions(policy_path)
+    for fn in fns.values():  # the first calls' one-time costs
+        for i in range(100):
+            fn(pool[i])
+    samples: dict[str, list[int]] = {k: [] for k in fns}
+    clock = time.perf_counter_ns
+    for i in range(num_calls):
+        for name, fn in fns.items():
+            time.sleep(gap_s)
+            o = pool[i & 1023]
+            t0 = clock()
+            fn(o)
+            samples[name].append(clock() - t0)
+    out: dict = {"spaced_gap_s": gap_s, "spaced_calls": num_calls}
+    for name, ns in samples.items():
+        us = np.asarray(ns) * 1e-3
+        out[f"spaced_{name}_p50_us"] = float(np.percentile(us, 50))
+        out[f"spaced_{name}_p90_us"] = float(np.percentile(us, 90))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(Args, args=argv, description=__doc__.split("\n\n")[0])
+    if importlib.util.find_spec("onnx") is None:
+        print("batchpilot bench decider: the numpy floor reads the policy's weights with the "
+              "onnx package, which the runtime alone does not install: pip install onnx",
+              file=sys.stderr)
+        return 2
 
     result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
                                 "python": platform.python_version(),
@@ -586,6 +630,9 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(tmp)
         result["policy"], reload_name = prepare_policies(folder)
         result.update(bench_in_process(folder / "policy.onnx", args.calls))
+        if args.spaced_calls:
+            result.update(bench_spaced(folder / "policy.onnx", args.spaced_calls,
+                                       args.spaced_gap_s))
         if not args.no_rest:
             if hasattr(os, "sched_setaffinity"):  # the client may use every CPU again
                 os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
@@ -620,6 +667,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:32s} {result[k + '_p50_us']:9.1f} {result[k + '_p99_us']:9.1f} "
               f"{result[k + '_p999_us']:9.1f}")
     print(f"p50 ratio to the floor: {result['ratio_p50']:.2f}")
+    if "spaced_gap_s" in result:
+        print(f"\none call every {result['spaced_gap_s'] * 1e3:.0f} ms, as a server decides "
+              f"(cold caches), {result['spaced_calls']} calls each:")
+        for label, k in rows:
+            print(f"{label:32s} p50 {result[f'spaced_{k}_p50_us']:9.1f} us, "
+                  f"p90 {result[f'spaced_{k}_p90_us']:9.1f} us")
     if "rest_p50_ms" in result:
         print(f"\nREST /v1/decide keep-alive: p50 {result['rest_p50_ms']:.3f} ms, "
               f"p99 {result['rest_p99_ms']:.3f} ms")

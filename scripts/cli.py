@@ -11,7 +11,8 @@ scripts/), whose command line tyro builds from that module's config dataclass; f
 code. A verb's module is imported only when the verb runs, so ``batchpilot --help`` answers at
 once and the runtime's verbs (``serve``, ``profiles``, ``roofline-profile``,
 ``check-published``, ``bench decider``) run on a runtime-only install (``pip install
-"batchpilot[cpu]"``); the others need the ``train`` extra.
+"batchpilot[cpu]"``; ``bench decider``'s numpy floor needs ``onnx`` too); the others need the
+``train`` extra.
 """
 
 from __future__ import annotations

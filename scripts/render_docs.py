@@ -115,7 +115,9 @@ def render_cli() -> str:
              "a checkout, `python train.py`, `python -m agents.<module>` and `python "
              "scripts/<tool>.py` run the same code. `serve`, `profiles`, `roofline-profile`, "
              "`check-published` and `bench decider` run on the runtime alone (`pip install "
-             "\"batchpilot[cpu]\"`); the others need the `train` extra."]
+             "\"batchpilot[cpu]\"`; `bench decider` also needs `pip install onnx`, to read "
+             "the policy's weights for its numpy floor, and says so when it is missing); the "
+             "others need the `train` extra."]
     for title, verbs in [*GROUPS.items(), ("Benchmarks and checks", BENCH)]:
         prefix = "bench " if verbs is BENCH else ""
         parts.append(f"\n## {title}\n\n| verb | what | code |\n|---|---|---|")

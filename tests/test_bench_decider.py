@@ -3,13 +3,14 @@ shipped policy's training distribution, which the out-of-distribution guard chec
 
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
 
 from runtime.decider.breaker import CircuitBreaker
 from runtime.decider.guard import GuardedDecider
 from runtime.locations import shipped_policy_dir
 from runtime.observation import vector_from_fields
-from scripts.bench_decider import observation_pool, training_distribution
+from scripts.bench_decider import main, observation_pool, training_distribution
 
 
 def test_the_shipped_policy_decides_every_benchmark_observation():
@@ -25,3 +26,13 @@ def test_the_shipped_policy_decides_every_benchmark_observation():
     pool = observation_pool(256, seed=0)
     sources = Counter(decider.decide(vector_from_fields(o)).source for o in pool)
     assert sources["pid"] > 128, sources
+
+
+def test_without_onnx_it_names_the_package_it_needs(monkeypatch, capsys):
+    """The floor reads the policy's weights with ``onnx``, which a runtime-only install lacks:
+    the benchmark says so before it times anything."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "onnx" else real(name, *a))
+    assert main(["--no-rest", "--calls", "10", "--spaced-calls", "0"]) == 2
+    assert "pip install onnx" in capsys.readouterr().err
