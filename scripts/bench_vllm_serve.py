@@ -134,6 +134,15 @@ class Server:
         with urllib.request.urlopen(self.proc.side_url + "/metrics", timeout=30) as r:
             return r.read().decode()
 
+    def decision_seconds(self) -> tuple[float, float]:
+        """(seconds, count) of every decision so far, from the side port's histogram."""
+        text = self.metrics()
+        got = [re.search(rf"^batchpilot_vllm_decision_seconds_{k} (\S+)$", text, re.M)
+               for k in ("sum", "count")]
+        if None in got:
+            raise RuntimeError("the side port's metrics have no decision histogram")
+        return float(got[0].group(1)), float(got[1].group(1))  # type: ignore[union-attr]
+
     def post(self, path: str, body: dict) -> dict:
         req = urllib.request.Request(self.proc.side_url + path, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json",
@@ -232,8 +241,11 @@ def run_arm(server: Server, arm: str, best, w, args: Args, seed: int) -> dict:
     server.wait(lambda s: s["controller"] == ("static" if "static" in arm else arm))
     server.idle()
     before = server.state()
+    s0, n0 = server.decision_seconds()
     out = replay(server.proc.url, server.model, w, args, seed)
     after = server.idle()
+    s1, n1 = server.decision_seconds()
+    out["decide_us"] = (s1 - s0) / (n1 - n0) * 1e6 if n1 > n0 else math.nan
     out["sources"] = {k: v - before["decisions"].get(k, 0)
                       for k, v in after["decisions"].items()
                       if v - before["decisions"].get(k, 0)}
@@ -319,7 +331,8 @@ def figure_attainment(args: Args, log) -> dict:
                         log(f"  {trace_label(trace)} {load_name} (x{scale:.3g}, {len(w)} "
                             f"requests) {arm} #{k + 1}: interactive {interactive(out):.1%}, "
                             f"shed {out['shed']}, errors {out['errors']}, sources "
-                            f"{out['sources']} (load {out['load_1m']:.1f})")
+                            f"{out['sources']}, decisions {out['decide_us']:.0f} us "
+                            f"(load {out['load_1m']:.1f})")
                 for arm in ARMS:
                     att = [interactive(r) for r in runs[arm]]
                     rows.append({
@@ -333,6 +346,7 @@ def figure_attainment(args: Args, log) -> dict:
                         "cut": [r["cut"] for r in runs[arm]],
                         "conserved": all(r["conserved"] for r in runs[arm]),
                         "sources": [r["sources"] for r in runs[arm]],
+                        "decide_us": [r["decide_us"] for r in runs[arm]],
                         "load_1m": [r["load_1m"] for r in runs[arm]]})
     finally:
         server.proc.stop()
@@ -342,7 +356,8 @@ def figure_attainment(args: Args, log) -> dict:
 
 def table_attainment(result: dict) -> str:
     lines = ["| trace | load | arm | interactive (range) | shed | errors / 5xx / cut | "
-             "conserved | decisions | load avg |", "|---|---|---|---|---|---|---|---|---|"]
+             "conserved | decisions | decision us (mean per run) | load avg |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lo, hi = r["range"]
         src = "; ".join(", ".join(f"{k} {v}" for k, v in s.items()) for s in r["sources"])
@@ -351,6 +366,7 @@ def table_attainment(result: dict) -> str:
             f"{r['arm']} | {r['interactive_attainment']:.1%} ({lo:.1%}-{hi:.1%}) | "
             f"{'/'.join(map(str, r['shed']))} | {sum(r['errors'])} / {sum(r['status_5xx'])} / "
             f"{sum(r['cut'])} | {'yes' if r['conserved'] else 'NO'} | {src} | "
+            f"{', '.join(f'{x:.0f}' for x in r.get('decide_us', []))} | "
             f"{'-'.join(f'{x:.0f}' for x in (min(r['load_1m']), max(r['load_1m'])))} |")
     return "\n".join(lines)
 
