@@ -367,15 +367,21 @@ def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
     hold reached, a ratio whose pool nothing filled) have the same tail and the same score, to
     the bit, so a tail is run once per state reached, not once per candidate."""
     end = engine.now + horizon_s
-    scored: dict[tuple, float] = {}
+    # states reached, by their hash: a key holds every request's counts and the free block
+    # list, and a tuple does not keep its hash, so a dict keyed by the tuples would hash each
+    # new one twice (look up, then store)
+    scored: dict[int, list[tuple[tuple, float]]] = {}
+    num_states = 0
     scores = []
     for s in candidates:
         fork = _rollout_to_hold(engine, s, horizon_s, hold_s, tail, arrivals, output_tokens)
         key = fork.state_key(memory=memory_price != 0)
-        score = scored.get(key)
+        same = scored.setdefault(hash(key), [])
+        score = next((v for k, v in same if k == key), None)
         if score is None:
-            score = scored[key] = _horizon_score(fork, end, violation_weight, batch_token_value,
-                                                 memory_price)
+            score = _horizon_score(fork, end, violation_weight, batch_token_value, memory_price)
+            same.append((key, score))
+            num_states += 1
         scores.append(score)
     top = max(scores)
     best = next(s for s, v in zip(candidates, scores) if v == top)
@@ -384,7 +390,7 @@ def search(engine: Engine, candidates: Sequence[Setting], horizon_s: float, *,
             if v == top and s == current:
                 best = current
                 break
-    return Search(best, tuple(scores), len(scored))
+    return Search(best, tuple(scores), num_states)
 
 
 def search_name(config: OracleConfig) -> str:
