@@ -16,8 +16,8 @@ The loads are found on the server itself (``--loads server``: a short geometric 
 static default, then best static) or by the calibrated simulator (``--loads sim``, as the arena
 on vLLM finds them), or given (``--loads 0.2,0.4``). The arms run interleaved, their order
 rotated every repeat; a row gives interactive attainment (median and range), requests shed,
-errors and 5xx, and whether every request sent ended (sent = completed + shed + refused +
-errors + cut).
+errors and 5xx, whether every request sent ended (sent = completed + shed + refused + errors +
+cut), and each run's mean decision time (the side port's histogram, over the run's intervals).
 
 ``cost``: the same stream through three servers started side by side: vLLM alone, and vLLM with
 batchpilot holding static knobs that match vLLM's start-up (the chunk at vLLM's token budget,
