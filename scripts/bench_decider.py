@@ -272,10 +272,10 @@ def timed_functions(policy_path: Path) -> tuple[dict[str, Callable], list[np.nda
     return {"decide": policy_decider.decide, "pid": pid_decider.decide, "floor": floor}, pool
 
 
-def bench_in_process(policy_path: Path, num_calls: int, rounds: int = 30) -> dict:
+def bench_in_process(fns: dict[str, Callable], pool: list[np.ndarray], num_calls: int,
+                     rounds: int = 30) -> dict:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})
-    fns, pool = timed_functions(policy_path)
     per_round = max(1, num_calls // rounds)
     samples = {k: np.empty(per_round * rounds, dtype=np.int64) for k in fns}
     clock = time.perf_counter_ns
@@ -589,12 +589,12 @@ class Args:
     worktree, to compare two servers with the same client)"""
 
 
-def bench_spaced(policy_path: Path, num_calls: int, gap_s: float) -> dict:
+def bench_spaced(fns: dict[str, Callable], pool: list[np.ndarray], num_calls: int,
+                 gap_s: float) -> dict:
     """The same three functions, one call every ``gap_s`` (in turn), as a server deciding once
     an interval calls them: between two decisions the machine runs other work, or sleeps, and
     the next decision finds its code and data out of the caches. The back-to-back figures above
     time a hot loop; these time what one interval's decision costs."""
-    fns, pool = timed_functions(policy_path)
     for fn in fns.values():  # the first calls' one-time costs
         for i in range(100):
             fn(pool[i])
@@ -629,10 +629,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-decider-") as tmp:
         folder = Path(tmp)
         result["policy"], reload_name = prepare_policies(folder)
-        result.update(bench_in_process(folder / "policy.onnx", args.calls))
+        fns, pool = timed_functions(folder / "policy.onnx")
+        result.update(bench_in_process(fns, pool, args.calls))
         if args.spaced_calls:
-            result.update(bench_spaced(folder / "policy.onnx", args.spaced_calls,
-                                       args.spaced_gap_s))
+            result.update(bench_spaced(fns, pool, args.spaced_calls, args.spaced_gap_s))
         if not args.no_rest:
             if hasattr(os, "sched_setaffinity"):  # the client may use every CPU again
                 os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))

@@ -407,7 +407,8 @@ def figure_cost(args: Args, log) -> dict:
             log(f"{arm} answered after {servers[arm].ready_s:.0f} s")
         for k in range(args.repeats):
             # every arm first, second and last in turn
-            order = COST_ARMS[k % 3:] + COST_ARMS[:k % 3]
+            first = k % len(COST_ARMS)
+            order = COST_ARMS[first:] + COST_ARMS[:first]
             if k % 2:
                 order = order[::-1]
             for arm in order:

@@ -468,7 +468,7 @@ class ServingController:
             "static_knobs": self.static.as_dict(),
             "held_knobs": self.held.as_dict() if self.mode == "static" else None,
             "admission": sch.ledger.policy.value,
-            "window_held": getattr(sch, "bp_hold_window", True),
+            "window_held": sch.bp_hold_window,
             "interval_s": self.settings.interval_s,
             "last_decision": None if rec is None else {
                 "t_s": rec.end_s, "source": rec.source, "reason": rec.reason,

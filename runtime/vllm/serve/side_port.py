@@ -178,7 +178,7 @@ class ControllerCollector(Collector):
         yield GaugeMetricFamily("batchpilot_vllm_window_held",
                                 "1 when new requests are held for the batch window, 0 when it "
                                 "is released (they enter vLLM's queue at once)",
-                                value=float(getattr(sch, "bp_hold_window", True)))
+                                value=float(sch.bp_hold_window))
         yield GaugeMetricFamily("batchpilot_vllm_interval_attainment",
                                 "SLO attainment of the last closed interval",
                                 value=last.stats.slo_attainment if last is not None else 1.0)
