@@ -48,7 +48,10 @@ at 2x). Three guards bound it around the static knobs (``static``, the decider's
   delayed the first token of the next long prompt: on the held-out Azure code window the PID's
   capacity at 99% attainment was 0.247x against the static default's 0.279x, under fcfs and
   under shed at slack 0.5 alike (``scripts/experiments/pid_vs_static.py``); with this guard it
-  is 0.285x;
+  is 0.285x. An interval that finishes no request measures no TPOT: its ratio reads 0 and counts
+  as calm, so where one or two requests run at a time (Mooncake's long-context trace near
+  capacity) the chunk stays at the static knob though halving it pays there (docs/results.md,
+  "Traffic none of the policies saw");
 - a return to static on bad signals: when interval SLO attainment falls below
   ``bad_attainment``, the loops are not holding the SLO, so every knob goes back to static,
   except the batch share, which keeps closing (pressure is what its loop answers; closing the
