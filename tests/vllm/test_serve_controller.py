@@ -155,6 +155,44 @@ def test_a_controller_that_raises_holds_the_static_knobs(vllm_server, captured):
         assert sum("ZeroDivisionError" in line for line in captured) == 1
 
 
+def test_a_reload_asked_for_during_the_file_watch_loads_once(vllm_server, tmp_path):
+    """The watch reads the file's signature, then compares it with the one the last reload left.
+    A reload of another file asked for in between must not make the watch load that file a
+    second time: the watch pauses after its read while the reload is asked for."""
+    import shutil
+    import threading
+
+    from tests.conftest import FIXTURES
+
+    for name in ("policy-test-1.onnx", "policy-test-2.onnx"):
+        shutil.copy(FIXTURES / name, tmp_path / name)
+    with serving(vllm_server, policy_dir=tmp_path, policy_file="policy-test-1.onnx") as sch:
+        c = sch.bp_controller
+        read, go = threading.Event(), threading.Event()
+        signature = c._file_signature
+
+        def paused_signature():
+            sig = signature()
+            if threading.current_thread().name == "watch":
+                read.set()
+                go.wait(5.0)
+            return sig
+
+        c._file_signature = paused_signature
+        ok = c.reloads["ok"]
+        watch = threading.Thread(target=c.check_policy_file, name="watch")
+        watch.start()
+        assert read.wait(5.0)
+        asked = threading.Thread(target=lambda: c.reload("policy-test-2.onnx"))
+        asked.start()
+        time.sleep(0.2)  # the asked-for reload runs now, unless the watch holds it off
+        go.set()
+        watch.join(10.0)
+        asked.join(10.0)
+        assert c.reloads["ok"] == ok + 1, dict(c.reloads)
+        assert c.guarded.policy.policy_version == "test-2"
+
+
 def test_a_fault_in_the_knobs_per_step_work_leaves_vllm_to_itself(vllm_server, captured):
     with serving(vllm_server, controller="static", static_kv_cache_ratio=0.5) as sch:
         assert sch.bp_withheld  # the cap withholds blocks

@@ -258,7 +258,7 @@ class ServingController:
         self.num_ticks = 0
         self.idle_ticks = 0
         self._watch_sig = self._file_signature()
-        self._reload_lock = threading.Lock()
+        self._reload_lock = threading.RLock()  # the file watch holds it across its check
         self._timeline_due = False
         self.recent_shed: deque[str] = deque(maxlen=SHED_IDS_LOGGED)
         self.shed_unlogged = 0
@@ -406,13 +406,17 @@ class ServingController:
         return (st.st_ino, st.st_size, st.st_mtime_ns)
 
     def check_policy_file(self) -> None:
-        """Reload the policy when its file was replaced since the last check."""
-        sig = self._file_signature()
-        if sig is None or sig == self._watch_sig:
-            return
-        self._watch_sig = sig
-        assert self.policy_path is not None  # a signature needs a path
-        self.reload(self.policy_path.name, why="file replaced")
+        """Reload the policy when its file was replaced since the last check. The check holds
+        the reload lock: a reload asked for meanwhile (another file) would otherwise leave this
+        check comparing the old file's signature with the new one's, and load the new file a
+        second time."""
+        with self._reload_lock:
+            sig = self._file_signature()
+            if sig is None or sig == self._watch_sig:
+                return
+            self._watch_sig = sig
+            assert self.policy_path is not None  # a signature needs a path
+            self.reload(self.policy_path.name, why="file replaced")
 
     def reload(self, name: str, why: str = "requested") -> tuple[bool, str]:
         """Load ``name`` from the policy folder and swap it in once it is checked; (ok, what
