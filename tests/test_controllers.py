@@ -144,11 +144,16 @@ def test_pid_goes_back_to_the_static_knobs_when_attainment_is_bad():
     assert pid.decide(obs(**moved, **hot, slo_attainment=0.6)).knobs.batch_window_ms != 5.0
 
 
-def test_pid_puts_the_window_and_chunk_back_to_static_after_two_calm_intervals():
+def test_pid_puts_the_window_back_to_static_after_two_calm_intervals_and_leaves_the_chunk():
     pid = PidController()
     moved = Knobs(20.0, 1024, 0.9).as_dict()
     calm = dict(ttft_p99_ratio=0.2, tpot_p99_ratio=0.3, slo_attainment=1.0)
     k = pid.decide(obs(**moved, **calm, ttft_p99_ratio_prev=0.2, tpot_p99_ratio_prev=0.3)).knobs
+    assert k.batch_window_ms == 5.0 and k.prefill_chunk_tokens != 2048
+    # the rule before 2026-12-07 put the chunk back too
+    before = PidController(PidGains(calm_static_chunk=True))
+    k = before.decide(obs(**moved, **calm, ttft_p99_ratio_prev=0.2,
+                          tpot_p99_ratio_prev=0.3)).knobs
     assert (k.batch_window_ms, k.prefill_chunk_tokens) == (5.0, 2048)
     # one calm interval after a hot one: the loops still decide (the window lengthens on slack)
     k = pid.decide(obs(**moved, **calm, ttft_p99_ratio_prev=1.2, tpot_p99_ratio_prev=0.3)).knobs
@@ -156,6 +161,24 @@ def test_pid_puts_the_window_and_chunk_back_to_static_after_two_calm_intervals()
     drift = PidController(PidGains(calm_static=False))
     k = drift.decide(obs(**moved, **calm, ttft_p99_ratio_prev=0.2, tpot_p99_ratio_prev=0.3)).knobs
     assert k.batch_window_ms > 20.0
+
+
+def test_pid_holds_the_chunk_through_intervals_that_measured_no_tpot_while_requests_ran():
+    # the chunk halved after a TPOT miss; then decodes run on, TTFT has room, and nothing
+    # finishes, so neither interval measures a TPOT (its ratio reads 0)
+    halved = Knobs(5.0, 1024, 0.9).as_dict()
+    quiet = dict(ttft_p99_ratio=0.3, ttft_p99_ratio_prev=0.3, tpot_p99_ratio=0.0,
+                 tpot_p99_ratio_prev=0.0, slo_attainment=1.0, running_requests=2.0)
+    assert PidController().decide(obs(**halved, **quiet)).knobs.prefill_chunk_tokens == 1024
+    # read as calm TPOT (the rule before 2026-12-07) it grew back towards the static 2,048
+    grows = PidController(PidGains(unmeasured_tpot_holds_chunk=False))
+    assert grows.decide(obs(**halved, **quiet)).knobs.prefill_chunk_tokens > 1024
+    # and the calm return put it back at once
+    before = PidController(PidGains(unmeasured_tpot_holds_chunk=False, calm_static_chunk=True))
+    assert before.decide(obs(**halved, **quiet)).knobs.prefill_chunk_tokens == 2048
+    # with nothing running a ratio of 0 reads as calm, as before
+    idle = dict(quiet, running_requests=0.0)
+    assert PidController().decide(obs(**halved, **idle)).knobs.prefill_chunk_tokens > 1024
 
 
 def test_best_static_grid_search_keeps_the_best_setting(tmp_path):

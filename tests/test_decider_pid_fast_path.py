@@ -29,7 +29,9 @@ def reference_decide(pid: PidController, observation: np.ndarray):
     u[4] = s[4]
     e_t, e_t1 = (_log_err(f[n], g.tpot_setpoint) for n in ("tpot_p99_ratio", "tpot_p99_ratio_prev"))
     if g.calm_static and max(e_w, e_t, e_w1, e_t1) < 0.0:
-        u[:2] = s[:2]
+        u[0] = s[0]
+        if g.calm_static_chunk:
+            u[1] = s[1]
     if f["slo_attainment"] < g.bad_attainment:
         u[:3] = s[:3]
     elif f["ooms"] > 0.5:
@@ -59,7 +61,8 @@ vector_entries = st.one_of(
        st.sampled_from([PidGains(),
                         PidGains(window_kp=0.7, chunk_ki=0.3, kv_kp=2.0, oom_push=0.1,
                                  window_box=2.0, chunk_box=2.0, kv_box_down=0.3,
-                                 kv_box_up=2.0, calm_static=False)]))
+                                 kv_box_up=2.0, calm_static=False),
+                        PidGains(calm_static_chunk=True, unmeasured_tpot_holds_chunk=False)]))
 def test_fast_path_matches_the_field_by_field_computation(values, gains):
     pid = PidController(gains)
     obs = np.asarray(values, dtype=np.float32)

@@ -17,6 +17,13 @@ Loops (errors are log2 ratios clipped to +-3, so a 10x overshoot moves no faster
 - prefill chunk <- TPOT against TTFT: ``e = log2(tpot_ratio / tpot_setpoint) -
   log2(ttft_ratio / ttft_setpoint)``. Per-token latency closer to its target than time to first
   token shrinks the chunk (fewer decode stalls); the other way round grows it (faster prefill).
+  An interval that finished no request while requests ran measured no TPOT (its ratio reads 0):
+  its error is 0, no evidence either way, so the chunk holds where the last measured intervals
+  put it. Read as calm TPOT instead (the rule until 2026-12-07), a chunk halved after a TPOT
+  miss grew back within an interval or two wherever one or two requests run at a time; held,
+  the PID's capacity at 99% on the held-out Azure code window went from 0.285x to 0.495x (90%:
+  0.545x to 0.878x), on Mooncake's long-context trace at 90% from 0.052x to 0.065x
+  (docs/results.md, "Traffic none of the policies saw").
 - KV ratio <- KV pressure: ``e = kv_utilization - kv_setpoint``, plus one unit per interval with
   preemptions (more KV needed) and minus ``oom_push`` when an OOM happened (activations need room).
   The sign is inverted: pressure raises the ratio.
@@ -32,7 +39,7 @@ Loops (errors are log2 ratios clipped to +-3, so a 10x overshoot moves no faster
 Safety. The PID is the fallback, so it must never do much worse than leaving the knobs alone: on
 the Mooncake trace the unguarded loops drove the KV ratio down and the chunk up and attained 19.8
 points less than the static default at 1.25x load (5.9 points less on the Azure conversation trace
-at 2x). Three guards bound it around the static knobs (``static``, the decider's last resort):
+at 2x). Four guards bound it around the static knobs (``static``, the decider's last resort):
 
 - bounded authority: each knob stays within its ``*_box`` (action units) of the static knob. The
   KV ratio's box is empty by default: measured on the arena (static against PID, rate scales
@@ -43,15 +50,18 @@ at 2x). Three guards bound it around the static knobs (``static``, the decider's
 - an OOM guard: an interval with an OOM puts the chunk and the KV ratio back to the static
   knobs (under which the activation workspace was sized), whatever the loops say;
 - a return to static when calm: after two intervals with p99 TTFT and TPOT both under their
-  set points there is nothing for the window and chunk loops to answer, so both go back to the
-  static knobs. Left to drift while calm, the window lengthened and the chunk shrank, which
-  delayed the first token of the next long prompt: on the held-out Azure code window the PID's
-  capacity at 99% attainment was 0.247x against the static default's 0.279x, under fcfs and
-  under shed at slack 0.5 alike (``scripts/experiments/pid_vs_static.py``); with this guard it
-  is 0.285x. An interval that finishes no request measures no TPOT: its ratio reads 0 and counts
-  as calm, so where one or two requests run at a time (Mooncake's long-context trace near
-  capacity) the chunk stays at the static knob though halving it pays there (docs/results.md,
-  "Traffic none of the policies saw");
+  set points there is nothing for the window loop to answer, so the window goes back to the
+  static knob. Left to drift while calm, the window lengthened and (under the rules of then) the
+  chunk shrank, which delayed the first token of the next long prompt: on the held-out Azure code window the PID's capacity at 99%
+  attainment was 0.247x against the static default's 0.279x, under fcfs and under shed at slack
+  0.5 alike (``scripts/experiments/pid_vs_static.py``); with this guard it was 0.285x. The
+  chunk went back with the window until 2026-12-07 (``calm_static_chunk``); it no longer does,
+  since the held chunk above is what pays: with both changes the PID's capacity at 99% and at
+  90% is at or above the static default's on every trace measured (held-out Azure code,
+  conversation and mixed windows, the long-prompt conversation trace, the decode-heavy and
+  flash-crowd families, Mooncake; shed at slack 0.5 with the co-tenant), though on Azure
+  conversation at 90% it is one bisection step under the earlier rules (x2.40, the static
+  default's, against x2.43);
 - a return to static on bad signals: when interval SLO attainment falls below
   ``bad_attainment``, the loops are not holding the SLO, so every knob goes back to static,
   except the batch share, which keeps closing (pressure is what its loop answers; closing the
@@ -91,6 +101,8 @@ _TTFT, _TTFT_PREV, _TPOT, _TPOT_PREV, _PREEMPT, _OOM = (
                                  "tpot_p99_ratio_prev", "preemptions", "ooms"))
 _KV, _KV_PREV, _ATT = (_inverse(n, "linear")
                        for n in ("kv_utilization", "kv_utilization_prev", "slo_attainment"))
+_RUNNING = _I["running_requests"]
+"""a log field: its vector value is above 0 exactly when a request runs"""
 
 
 @dataclass(frozen=True)
@@ -145,12 +157,28 @@ class PidGains:
     share_box: float = 2.0
     """how far (action units) the batch share may fall below the static knob (2: to 0)"""
     calm_static: bool = True
-    """after two intervals with p99 TTFT and TPOT both under their set points, the window and
-    the chunk go back to the static knobs (False: they keep drifting while calm)"""
+    """after two intervals with p99 TTFT and TPOT both under their set points, the window goes
+    back to the static knob (False: it keeps drifting while calm)"""
+    calm_static_chunk: bool = False
+    """the chunk goes back to the static knob with the window after two calm intervals (the
+    rule until 2026-12-07; False: the chunk stays where its loop put it, within its box)"""
+    unmeasured_tpot_holds_chunk: bool = True
+    """an interval that finished no request while requests ran measured no TPOT (its ratio reads
+    0): the chunk loop's error is 0 there, no evidence either way (False: the ratio of 0 reads
+    as calm, the rule until 2026-12-07)"""
 
 
 def _log_err(ratio: float, setpoint: float) -> float:
     return max(-3.0, min(3.0, math.log2(max(ratio, 1e-3) / setpoint)))
+
+
+def _chunk_err(tpot_ratio: float, e_w: float, running: bool, g: PidGains) -> float:
+    """The chunk loop's error for an interval's TPOT ratio and window error ``e_w``: 0 for a
+    TPOT not measured (a ratio of exactly 0 with requests running: nothing finished) under
+    ``unmeasured_tpot_holds_chunk``."""
+    if g.unmeasured_tpot_holds_chunk and running and tpot_ratio == 0.0:
+        return 0.0
+    return _log_err(tpot_ratio, g.tpot_setpoint) - e_w
 
 
 def share_error(ttft_p99_ratio: float, g: PidGains) -> float:
@@ -193,8 +221,9 @@ class PidController:
         tpot, tpot_prev = f["tpot_p99_ratio"], f["tpot_p99_ratio_prev"]
         e_w = _log_err(ttft, g.ttft_setpoint)
         e_w_prev = _log_err(ttft_prev, g.ttft_setpoint)
-        e_c = _log_err(tpot, g.tpot_setpoint) - e_w
-        e_c_prev = _log_err(tpot_prev, g.tpot_setpoint) - e_w_prev
+        running = f["running_requests"] > 0.0
+        e_c = _chunk_err(tpot, e_w, running, g)
+        e_c_prev = _chunk_err(tpot_prev, e_w_prev, running, g)
         e_k = f["kv_utilization"] - g.kv_setpoint
         if f["preemptions"] > 0.5:
             e_k += g.preempt_push
@@ -231,10 +260,17 @@ class PidController:
         ttft_prev = math.expm1(v[_TTFT_PREV[0]] * _TTFT_PREV[1])
         e_w = _log_err(ttft, g.ttft_setpoint)
         e_w1 = _log_err(ttft_prev, g.ttft_setpoint)
-        e_t = _log_err(math.expm1(v[_TPOT[0]] * _TPOT[1]), g.tpot_setpoint)
-        e_c = e_t - e_w
-        e_t1 = _log_err(math.expm1(v[_TPOT_PREV[0]] * _TPOT_PREV[1]), g.tpot_setpoint)
-        e_c1 = e_t1 - e_w1
+        tpot = math.expm1(v[_TPOT[0]] * _TPOT[1])
+        tpot1 = math.expm1(v[_TPOT_PREV[0]] * _TPOT_PREV[1])
+        e_t = _log_err(tpot, g.tpot_setpoint)
+        e_t1 = _log_err(tpot1, g.tpot_setpoint)
+        if g.unmeasured_tpot_holds_chunk and v[_RUNNING] > 0.0:
+            # requests ran: a ratio of 0 is a TPOT not measured, no evidence for the chunk
+            e_c = 0.0 if tpot == 0.0 else e_t - e_w
+            e_c1 = 0.0 if tpot1 == 0.0 else e_t1 - e_w1
+        else:
+            e_c = e_t - e_w
+            e_c1 = e_t1 - e_w1
         e_k = (_KV[1] + v[_KV[0]] * _KV[2]) - g.kv_setpoint
         if math.expm1(v[_PREEMPT[0]] * _PREEMPT[1]) > 0.5:
             e_k += g.preempt_push
@@ -249,7 +285,9 @@ class PidController:
         s0, s1, s2, s3, s4 = self._static_action
         u4 = s4  # the admission slack stays static
         if g.calm_static and e_w < 0.0 and e_t < 0.0 and e_w1 < 0.0 and e_t1 < 0.0:
-            u0, u1 = s0, s1  # two calm intervals: nothing for the window and chunk to answer
+            u0 = s0  # two calm intervals: nothing for the window to answer
+            if g.calm_static_chunk:
+                u1 = s1
         if attainment < g.bad_attainment:
             u0, u1, u2 = s0, s1, s2  # the loops are not holding the SLO: back to static
         elif math.expm1(v[_OOM[0]] * _OOM[1]) > 0.5:

@@ -11,8 +11,9 @@ calm return to static) and in runtime/decider/pid.py; the arena (``batchpilot ev
 
 For each held-out trace window and admission setting (fcfs, and shed at slack 0.5): capacity at
 99% attainment (bisection to 2%) and SLO attainment at each load, for ``static``, the PID with
-its default gains (``pid``) and the PID without the calm return to static (``pid-drift``, the
-gains before it: ``PidGains(calm_static=False)``).
+its default gains (``pid``), the PID under the rules before 2026-12-07 (``pid-before``: the chunk
+back to static when calm, a TPOT not measured read as calm) and those without the calm return to
+static (``pid-drift``, the gains before it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from runtime.engine.engine import EngineConfig
 
 ADMISSIONS = (("fcfs", 1.0), ("shed", 0.5))
 """(admission policy, admission slack) pairs measured"""
+BEFORE = {"calm_static_chunk": True, "unmeasured_tpot_holds_chunk": False}
+"""the PID's rules before 2026-12-07"""
 
 
 @dataclass
@@ -51,7 +54,9 @@ def measure(trace: str, admission: str, slack: float, loads: list[float]) -> lis
     static = config.start_knobs(spec.static_knobs)
     controllers = {"static": make_controller("static", spec),
                    "pid": PidController(static=static),
-                   "pid-drift": PidController(PidGains(calm_static=False), static=static)}
+                   "pid-before": PidController(PidGains(**BEFORE), static=static),
+                   "pid-drift": PidController(PidGains(calm_static=False, **BEFORE),
+                                              static=static)}
     rows = []
     for name, c in controllers.items():
         known: dict[float, float] = {}
