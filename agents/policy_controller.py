@@ -19,21 +19,27 @@ import numpy as np
 from runtime.decider.breaker import CircuitBreaker
 from runtime.decider.decision import Decision
 from runtime.decider.guard import GuardedDecider
+from runtime.decider.pid import PidController
+from runtime.knobs import DEFAULT_KNOBS, Knobs
 
 
 class PolicyController:
     def __init__(self, path: str | Path, *, breaker: bool = False, clock=None,
-                 ood_guard: bool = True, name: str | None = None) -> None:
+                 ood_guard: bool = True, name: str | None = None,
+                 static: Knobs = DEFAULT_KNOBS) -> None:
         """:param path: the ONNX policy file
         :param breaker: run the circuit breaker (with ``clock``, simulated seconds)
         :param ood_guard: run the policy's out-of-distribution guard, when it carries one
             (False: the policy decides wherever it answers, to measure what the guard buys)
         :param name: the controller's name (default ``policy:PATH``)
+        :param static: the deployment's static knobs: the last resort, and what the PID it
+            hands over to is bound around (the arena's ``static`` row)
         """
         if not Path(path).is_file():
             raise FileNotFoundError(f"policy file not found: {path}")
         cb = CircuitBreaker(clock=clock) if breaker else CircuitBreaker(trip_after=0)
-        self.decider = GuardedDecider(path, breaker=cb, ood_guard=ood_guard)
+        self.decider = GuardedDecider(path, breaker=cb, ood_guard=ood_guard,
+                                      pid=PidController(static=static), static_knobs=static)
         if self.decider.policy is None:
             raise ValueError(f"policy {path} was refused: {self.decider.last_error}")
         self.name = name or f"policy:{path}"

@@ -192,7 +192,7 @@ def make_controller(name: str, spec: EvalSpec) -> Controller:
         from agents.policy_controller import PolicyController
 
         return PolicyController(policy_file(name.split(":", 1)[1], spec.trace), name=name,
-                                ood_guard=not name.startswith(UNGUARDED_PREFIX))
+                                ood_guard=not name.startswith(UNGUARDED_PREFIX), static=static)
     if ":" in name:
         module, attr = name.split(":", 1)
         obj = getattr(importlib.import_module(module), attr)()
