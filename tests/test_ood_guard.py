@@ -98,6 +98,37 @@ def test_the_embedded_guard_waits_a_few_intervals_and_gives_control_back_after_a
     assert all(g2.observe(LONG if i % 4 == 0 else INSIDE) for i in range(40))
 
 
+def test_an_interval_without_arrivals_is_no_evidence_on_the_prompts():
+    # training that had idle intervals: an idle one (no arrival, prompt fields 0) is in range
+    rng = np.random.default_rng(1)
+    idle = observation(prompt_tokens_mean=0.0, arrival_rate_rps=0.0)
+    trained = np.concatenate([trained_on(), np.stack([idle] * 500)])
+    dist = ObservationDistribution.measure(trained)
+    assert dist.outside(idle) is None
+    # sparse long prompts: one interval with an arrival, then idle ones, as on a long-context
+    # trace near capacity. Counted as in, the idle intervals kept the guard from handing over
+    g = OodGuard(dist)
+    allowed = [g.observe(LONG if i % 6 == 0 else idle) for i in range(6 * dist.patience)]
+    assert g.tripped and g.num_trips == 1 and not allowed[-1]
+    # nor do they give control back: only intervals with arrivals in range do
+    assert not any(g.observe(idle) for _ in range(3 * dist.window))
+    assert [g.observe(INSIDE) for _ in range(dist.window)][-1] and not g.tripped
+    # the arrival rate an idle interval does measure: bursts far past the training rate, one
+    # interval in four, with idle ones between, stay under the guard's patience
+    burst = observation(prompt_tokens_mean=1200.0, arrival_rate_rps=500.0)
+    g2 = OodGuard(dist)
+    assert all(g2.observe(burst if i % 4 == 0 else idle) for i in range(40))
+    # an idle interval is still judged on the fields that are not the prompts'
+    lent = observation(prompt_tokens_mean=0.0, arrival_rate_rps=0.0,
+                       cotenant_demand_fraction=0.5)
+    assert CHECKED[dist.outside(lent)] == "cotenant_demand_fraction"
+    # and the batch route's rows agree with the single route's, idle rows included
+    rows = np.stack([idle, LONG, INSIDE, lent,
+                     observation(prompt_tokens_mean=16000.0, arrival_rate_rps=0.0)]
+                    + [trained[i] for i in rng.integers(0, len(trained), 20)])
+    assert dist.outside_rows(rows).tolist() == [dist.outside(r) is not None for r in rows]
+
+
 @pytest.fixture()
 def guarded_policy(tmp_path: Path) -> Path:
     pytest.importorskip("torch")
@@ -236,3 +267,18 @@ def test_install_stamps_the_distribution_a_policy_meets_on_its_training_windows(
     card = (folder / "card-mine.md").read_text()
     assert f"replays of `{trace}@0.5-1`'s training windows" in card
     assert "--guard-fields arrival_rate_rps prompt_tokens_mean" in card
+
+
+def test_the_arenas_policy_hands_over_to_the_deployments_static_knobs(guarded_policy):
+    """Under shed at slack 0.5 the PID the arena's policy hands over to holds the slack at 0.5,
+    as the arena's own ``pid`` and ``static`` rows do (it held the static default's 1)."""
+    from agents.registry import EvalSpec, make_controller
+    from runtime.engine.engine import EngineConfig
+
+    spec = EvalSpec("synthetic", config=EngineConfig(admission="shed", admission_slack=0.5))
+    policy = make_controller(f"policy:{guarded_policy}", spec)
+    for _ in range(DIST.patience):
+        decision = policy.decide(LONG)
+    assert decision.source == "pid"
+    assert decision.knobs.admission_slack == make_controller("pid", spec).decide(
+        LONG).knobs.admission_slack == 0.5
