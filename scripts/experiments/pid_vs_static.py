@@ -2,9 +2,11 @@
 a fallback is never worse than the static default).
 
 An experiment, not a tool: it produced the PID's capacity against the static default's quoted in
-docs/arena.md (the baselines: held-out Azure code, 0.285x against 0.279x, 0.247x without the
-calm return to static) and in runtime/decider/pid.py; the arena (``batchpilot evaluate
---controllers static,pid``) measures the first two in every run.
+docs/arena.md (the baselines: held-out Azure code, fcfs and shed at slack 0.5 alike, 0.495x
+against 0.279x; 0.285x under the rules before 2026-12-07, 0.247x without their calm return to
+static; run on 2026-12-07 with ``--traces azure-code --loads 0.28,0.5,1``, 9 s) and in
+runtime/decider/pid.py; the arena (``batchpilot evaluate --controllers static,pid``) measures the
+first two in every run.
 
     PYTHONPATH=$PWD python scripts/experiments/pid_vs_static.py \\
         [--traces azure-code,azure-conv] [--loads 0.25,0.28,0.5,1,2,4] [--json]
