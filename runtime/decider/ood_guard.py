@@ -302,9 +302,10 @@ class OodGuard:
         """One interval of the embedded runtime: whether the policy may decide it."""
         d = self.distribution
         other, prompt = d.outside_split(v)
-        if other is not None or prompt is not None:
+        first = other if other is not None else prompt
+        if first is not None:
             self.intervals_out += 1
-            self._note(v, other if other is not None else prompt)
+            self._note(v, first)
         self._out_recent += _push(self._recent, other is not None)
         if v[_ARRIVALS] != 0.0:  # the prompt fields were measured
             self._prompt_out_recent += _push(self._recent_prompt, prompt is not None)

@@ -52,16 +52,16 @@ at 2x). Four guards bound it around the static knobs (``static``, the decider's 
 - a return to static when calm: after two intervals with p99 TTFT and TPOT both under their
   set points there is nothing for the window loop to answer, so the window goes back to the
   static knob. Left to drift while calm, the window lengthened and (under the rules of then) the
-  chunk shrank, which delayed the first token of the next long prompt: on the held-out Azure code window the PID's capacity at 99%
-  attainment was 0.247x against the static default's 0.279x, under fcfs and under shed at slack
-  0.5 alike (``scripts/experiments/pid_vs_static.py``); with this guard it was 0.285x. The
-  chunk went back with the window until 2026-12-07 (``calm_static_chunk``); it no longer does,
-  since the held chunk above is what pays: with both changes the PID's capacity at 99% and at
-  90% is at or above the static default's on every trace measured (held-out Azure code,
-  conversation and mixed windows, the long-prompt conversation trace, the decode-heavy and
-  flash-crowd families, Mooncake; shed at slack 0.5 with the co-tenant), though on Azure
-  conversation at 90% it is one bisection step under the earlier rules (x2.40, the static
-  default's, against x2.43);
+  chunk shrank, which delayed the first token of the next long prompt: on the held-out Azure
+  code window the PID's capacity at 99% attainment was 0.247x against the static default's
+  0.279x, under fcfs and under shed at slack 0.5 alike (``scripts/experiments/pid_vs_static.py``);
+  with this guard it was 0.285x. The chunk went back with the window until 2026-12-07
+  (``calm_static_chunk``); it no longer does, since the held chunk above is what pays: with both
+  changes the PID's capacity at 99% and at 90% is at or above the static default's on every
+  trace measured (held-out Azure code, conversation and mixed windows, the long-prompt
+  conversation trace, the decode-heavy and flash-crowd families, Mooncake; shed at slack 0.5
+  with the co-tenant), though on Azure conversation at 90% it is one bisection step under the
+  earlier rules (x2.40, the static default's, against x2.43);
 - a return to static on bad signals: when interval SLO attainment falls below
   ``bad_attainment``, the loops are not holding the SLO, so every knob goes back to static,
   except the batch share, which keeps closing (pressure is what its loop answers; closing the
