@@ -122,6 +122,18 @@ def test_the_window_setting_holds_or_releases_new_requests(vllm_server, hold):
         assert sch.knobs.batch_window_ms == 200.0
 
 
+def test_the_policys_fallback_pid_is_bound_around_the_served_static_knobs(vllm_server):
+    """With no policy to load the policy controller decides with the PID, and that PID holds
+    the served static slack (0.5 here), as the ``pid`` controller does: it held the static
+    default's 1."""
+    with serving(vllm_server, controller="policy", interval_s=0.1,
+                 static_admission_slack=0.5) as sch:
+        c = sch.bp_controller
+        ticked(c, c.num_ticks)
+        assert c.last.source == "pid"
+        assert c.last.knobs.admission_slack == 0.5
+
+
 def test_a_controller_that_raises_holds_the_static_knobs(vllm_server, captured):
     class Raises:
         def decide(self, observation):

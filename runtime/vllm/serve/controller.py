@@ -226,7 +226,9 @@ class ServingController:
                                  trip_after=settings.breaker_trip_after,
                                  cooldown_s=settings.breaker_cooldown_s, clock=self.clock)
         self.policy_path: Path | None = None
-        self.guarded = GuardedDecider(None, static_knobs=self.static,
+        self.pid = PidController(static=self.static)
+        # the policy's fallback is the same PID, bound around the served static knobs
+        self.guarded = GuardedDecider(None, pid=self.pid, static_knobs=self.static,
                                       max_step=settings.max_step, breaker=breaker,
                                       decision_limit_s=settings.decision_limit_ms * 1e-3)
         try:
@@ -236,7 +238,6 @@ class ServingController:
             log.warning("no policy, deciding with the PID: %s", e)
         if self.policy_path is not None:
             self._load_start_policy(self.policy_path)
-        self.pid = PidController(static=self.static)
         self.mode: Controller = settings.controller
         self.held = self.static
         self.decider: Decider = self._decider(self.mode, self.held)
