@@ -141,8 +141,10 @@ class ObservationDistribution:
         object.__setattr__(self, "_high", np.array(self.high, dtype=np.float64))
         object.__setattr__(self, "_pairs", tuple(zip(self._index.tolist(), self.low, self.high)))
         judged_idle = [k for k, f in enumerate(self.fields) if f not in PROMPT_FIELDS]
+        object.__setattr__(self, "_all_pairs",
+                           tuple((k, *p) for k, p in enumerate(self._pairs)))
         object.__setattr__(self, "_idle_pairs",
-                           tuple((k, *self._pairs[k]) for k in judged_idle))
+                           tuple(self._all_pairs[k] for k in judged_idle))
         object.__setattr__(self, "_prompt_cols",
                            np.array([f in PROMPT_FIELDS for f in self.fields], dtype=bool))
 
@@ -150,6 +152,7 @@ class ObservationDistribution:
     _low: np.ndarray = field(init=False, repr=False, compare=False)
     _high: np.ndarray = field(init=False, repr=False, compare=False)
     _pairs: tuple = field(init=False, repr=False, compare=False)
+    _all_pairs: tuple = field(init=False, repr=False, compare=False)
     _idle_pairs: tuple = field(init=False, repr=False, compare=False)
     _prompt_cols: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -182,13 +185,8 @@ class ObservationDistribution:
         """The position in :attr:`fields` of the first field of the vector ``v`` outside its
         range, or None when every one is in (the prompt fields not judged where nothing
         arrived)."""
-        if v[_ARRIVALS] == 0.0:
-            for k, i, lo, hi in self._idle_pairs:
-                x = v[i]
-                if x < lo or x > hi:
-                    return k
-            return None
-        for k, (i, lo, hi) in enumerate(self._pairs):
+        pairs = self._idle_pairs if v[_ARRIVALS] == 0.0 else self._all_pairs
+        for k, i, lo, hi in pairs:
             x = v[i]
             if x < lo or x > hi:
                 return k
