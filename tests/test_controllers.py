@@ -136,10 +136,11 @@ def test_pid_goes_back_to_the_static_chunk_and_ratio_after_an_oom():
 
 def test_pid_goes_back_to_the_static_knobs_when_attainment_is_bad():
     # ... except the batch tap, which closes under pressure: 0.5 action units, a quarter share
+    # (the chunk goes back where TPOT was measured and met, as here)
     pid = PidController()
     moved = Knobs(20.0, 3072, 0.9).as_dict()
     closing = replace(DEFAULT_KNOBS, batch_share=0.75)
-    assert pid.decide(obs(**moved, slo_attainment=0.4)).knobs == closing
+    assert pid.decide(obs(**moved, slo_attainment=0.4, tpot_p99_ratio=0.5)).knobs == closing
     hot = dict(ttft_p99_ratio=1.0, ttft_p99_ratio_prev=1.0)  # not calm: the loops decide
     assert pid.decide(obs(**moved, **hot, slo_attainment=0.6)).knobs.batch_window_ms != 5.0
 
@@ -163,22 +164,58 @@ def test_pid_puts_the_window_back_to_static_after_two_calm_intervals_and_leaves_
     assert k.batch_window_ms > 20.0
 
 
-def test_pid_holds_the_chunk_through_intervals_that_measured_no_tpot_while_requests_ran():
+def test_pid_holds_the_chunk_through_intervals_that_measured_no_tpot():
     # the chunk halved after a TPOT miss; then decodes run on, TTFT has room, and nothing
-    # finishes, so neither interval measures a TPOT (its ratio reads 0)
+    # finishes, so the interval measures no TPOT (its ratio reads 0)
     halved = Knobs(5.0, 1024, 0.9).as_dict()
     quiet = dict(ttft_p99_ratio=0.3, ttft_p99_ratio_prev=0.3, tpot_p99_ratio=0.0,
                  tpot_p99_ratio_prev=0.0, slo_attainment=1.0, running_requests=2.0)
-    assert PidController().decide(obs(**halved, **quiet)).knobs.prefill_chunk_tokens == 1024
+    pid = PidController()
+    assert pid.decide(obs(**halved, **quiet)).knobs.prefill_chunk_tokens == 1024
+    # the interval after a measured miss: the loop's error was 2 and is unmeasured now. A zero
+    # error in the velocity form (the first hold) took back the proportional step; held, the
+    # chunk stays
+    after_miss = dict(quiet, tpot_p99_ratio_prev=2.0)
+    assert pid.decide(obs(**halved, **after_miss)).knobs.prefill_chunk_tokens == 1024
+    # with nothing running as well
+    idle = dict(after_miss, running_requests=0.0)
+    assert pid.decide(obs(**halved, **idle)).knobs.prefill_chunk_tokens == 1024
     # read as calm TPOT (the rule before 2026-12-07) it grew back towards the static 2,048
     grows = PidController(PidGains(unmeasured_tpot_holds_chunk=False))
     assert grows.decide(obs(**halved, **quiet)).knobs.prefill_chunk_tokens > 1024
     # and the calm return put it back at once
     before = PidController(PidGains(unmeasured_tpot_holds_chunk=False, calm_static_chunk=True))
     assert before.decide(obs(**halved, **quiet)).knobs.prefill_chunk_tokens == 2048
-    # with nothing running a ratio of 0 reads as calm, as before
-    idle = dict(quiet, running_requests=0.0)
-    assert PidController().decide(obs(**halved, **idle)).knobs.prefill_chunk_tokens > 1024
+
+
+def test_pid_moves_the_chunk_after_a_gap_from_a_zero_error():
+    # a TPOT miss measured after an interval that measured none: the move is the full
+    # -(Kp + Ki) * e, as from a zero error, not the integral's alone
+    g = PidGains()
+    halved = Knobs(5.0, 1536, 0.9).as_dict()
+    miss = dict(ttft_p99_ratio=0.6, ttft_p99_ratio_prev=0.6, tpot_p99_ratio=1.36,
+                tpot_p99_ratio_prev=0.0, slo_attainment=1.0, running_requests=1.0)
+    u = PidController().action(obs(**halved, **miss))
+    e = math.log2(1.36 / g.tpot_setpoint)  # the window's error is 0 at its set point
+    assert u[1] == pytest.approx(knobs_to_action(Knobs(5.0, 1536, 0.9))[1]
+                                 - (g.chunk_kp + g.chunk_ki) * e, abs=1e-5)
+
+
+@pytest.mark.parametrize("tpot,chunk", [(0.0, 1024), (2.0, 1024), (0.5, 2048)])
+def test_a_bad_interval_puts_the_chunk_back_only_where_its_tpot_was_met(tpot, chunk):
+    # one request finished in the interval and missed: attainment 0. Not measured, TPOT says
+    # nothing of the chunk (held); missed, its loop shrinks it further (here against the box's
+    # floor of 1,024); met, the chunk goes back to static with the window and the ratio
+    halved = Knobs(40.0, 1024, 0.9).as_dict()
+    bad = dict(ttft_p99_ratio=0.3, ttft_p99_ratio_prev=0.3, tpot_p99_ratio=tpot,
+               tpot_p99_ratio_prev=tpot, slo_attainment=0.0, running_requests=1.0)
+    k = PidController().decide(obs(**halved, **bad)).knobs
+    assert (k.batch_window_ms, k.prefill_chunk_tokens, k.kv_cache_ratio) == (5.0, chunk, 0.9)
+    # every bad interval put it back under the rule before 2026-12-07, and so does an OOM
+    before = PidController(PidGains(bad_interval_chunk_by_tpot=False))
+    assert before.decide(obs(**halved, **bad)).knobs.prefill_chunk_tokens == 2048
+    oom = PidController().decide(obs(**halved, **bad, ooms=1.0)).knobs
+    assert oom.prefill_chunk_tokens == 2048
 
 
 def test_best_static_grid_search_keeps_the_best_setting(tmp_path):

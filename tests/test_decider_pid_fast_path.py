@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.decider.pid import PidController, PidGains, _log_err, batch_share_step
+from runtime.decider.pid import (
+    PidController,
+    PidGains,
+    _log_err,
+    batch_share_step,
+    keeps_chunk_when_bad,
+)
 from runtime.knobs import DEFAULT_KNOBS, NUM_KNOBS, action_to_knobs, knobs_to_action
 from runtime.observation import OBS_DIM, OBSERVATION_NAMES, fields_from_vector, vector_from_fields
 
@@ -33,7 +39,9 @@ def reference_decide(pid: PidController, observation: np.ndarray):
         if g.calm_static_chunk:
             u[1] = s[1]
     if f["slo_attainment"] < g.bad_attainment:
-        u[:3] = s[:3]
+        u[[0, 2]] = s[[0, 2]]
+        if f["ooms"] > 0.5 or not keeps_chunk_when_bad(f["tpot_p99_ratio"], g):
+            u[1] = s[1]
     elif f["ooms"] > 0.5:
         u[1:3] = s[1:3]
     low = s - [g.window_box, g.chunk_box, g.kv_box_down, g.share_box, 0.0]
@@ -62,7 +70,9 @@ vector_entries = st.one_of(
                         PidGains(window_kp=0.7, chunk_ki=0.3, kv_kp=2.0, oom_push=0.1,
                                  window_box=2.0, chunk_box=2.0, kv_box_down=0.3,
                                  kv_box_up=2.0, calm_static=False),
-                        PidGains(calm_static_chunk=True, unmeasured_tpot_holds_chunk=False)]))
+                        PidGains(calm_static_chunk=True, unmeasured_tpot_holds_chunk=False,
+                                 bad_interval_chunk_by_tpot=False),
+                        PidGains(bad_interval_chunk_by_tpot=False)]))
 def test_fast_path_matches_the_field_by_field_computation(values, gains):
     pid = PidController(gains)
     obs = np.asarray(values, dtype=np.float32)
@@ -98,3 +108,22 @@ def test_fast_path_names_a_non_finite_knob():
     obs[-NUM_KNOBS + 1] = np.inf
     with pytest.raises(ValueError, match="prefill_chunk_tokens is not finite: inf"):
         PidController().action(obs)
+
+
+@pytest.mark.parametrize("gains", [PidGains(), PidGains(bad_interval_chunk_by_tpot=False),
+                                   PidGains(unmeasured_tpot_holds_chunk=False)])
+@pytest.mark.parametrize("tpot,tpot_prev", [(0.0, 0.0), (0.0, 2.0), (1.4, 0.0), (0.2, 0.0),
+                                            (1.4, 0.9)])
+@pytest.mark.parametrize("attainment,ooms,running", [(1.0, 0.0, 1.0), (0.2, 0.0, 1.0),
+                                                     (0.2, 1.0, 1.0), (1.0, 0.0, 0.0)])
+def test_fast_path_matches_where_tpot_went_unmeasured(gains, tpot, tpot_prev, attainment, ooms,
+                                                      running):
+    # the random vectors above rarely put a ratio at exactly 0 with the chunk inside its box,
+    # where the hold and the bad interval's chunk rule show
+    fields = {n: 0.0 for n in OBSERVATION_NAMES[:-NUM_KNOBS]} | dict(
+        ttft_p99_ratio=0.4, ttft_p99_ratio_prev=0.5, tpot_p99_ratio=tpot,
+        tpot_p99_ratio_prev=tpot_prev, slo_attainment=attainment, ooms=ooms,
+        running_requests=running)
+    obs = vector_from_fields(fields | {**DEFAULT_KNOBS.as_dict(), "prefill_chunk_tokens": 1536})
+    pid = PidController(gains)
+    assert pid.decide(obs).knobs == reference_decide(pid, obs)

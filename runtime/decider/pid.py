@@ -17,12 +17,15 @@ Loops (errors are log2 ratios clipped to +-3, so a 10x overshoot moves no faster
 - prefill chunk <- TPOT against TTFT: ``e = log2(tpot_ratio / tpot_setpoint) -
   log2(ttft_ratio / ttft_setpoint)``. Per-token latency closer to its target than time to first
   token shrinks the chunk (fewer decode stalls); the other way round grows it (faster prefill).
-  An interval that finished no request while requests ran measured no TPOT (its ratio reads 0):
-  its error is 0, no evidence either way, so the chunk holds where the last measured intervals
-  put it. Read as calm TPOT instead (the rule until 2026-12-07), a chunk halved after a TPOT
-  miss grew back within an interval or two wherever one or two requests run at a time; held,
-  the PID's capacity at 99% on the held-out Azure code window went from 0.285x to 0.495x (90%:
-  0.545x to 0.878x), on Mooncake's long-context trace at 90% from 0.052x to 0.065x
+  An interval that finished no request measured no TPOT (its ratio reads 0): the chunk does
+  not move there, no evidence either way, and the next measured interval moves it from a zero
+  error (``unmeasured_tpot_holds_chunk``). Wherever one or two requests run at a time most
+  intervals finish nothing: read as calm TPOT (the rule until 2026-12-07), a chunk halved after a
+  TPOT miss grew back within an interval or two; read as a zero error in the velocity form (the
+  first hold, the same day), the next unmeasured interval took back the proportional step the
+  miss had made, and only the integral's stayed. Held, the PID's capacity on the held-out Azure
+  code window is 0.563x at 99% (0.285x under the rules before 2026-12-07, 0.495x under the
+  first hold), on Mooncake's long-context trace at 90% 0.093x (0.052x, 0.065x)
   (docs/results.md, "Traffic none of the policies saw").
 - KV ratio <- KV pressure: ``e = kv_utilization - kv_setpoint``, plus one unit per interval with
   preemptions (more KV needed) and minus ``oom_push`` when an OOM happened (activations need room).
@@ -63,9 +66,15 @@ at 2x). Four guards bound it around the static knobs (``static``, the decider's 
   with the co-tenant), though on Azure conversation at 90% it is one bisection step under the
   earlier rules (x2.40, the static default's, against x2.43);
 - a return to static on bad signals: when interval SLO attainment falls below
-  ``bad_attainment``, the loops are not holding the SLO, so every knob goes back to static,
-  except the batch share, which keeps closing (pressure is what its loop answers; closing the
-  tap gives the accelerator back to the interactive requests the attainment counts).
+  ``bad_attainment``, the loops are not holding the SLO, so the window and the KV ratio go back
+  to static, and the chunk too where the interval's TPOT was met; an interval that measured no
+  TPOT holds the chunk and one whose TPOT missed its SLO leaves it to its loop
+  (``bad_interval_chunk_by_tpot``): a bad interval is no evidence against a smaller chunk unless
+  TPOT was met. Where one request finishes an interval, the interval that measures a TPOT miss is
+  the interval whose attainment is 0: putting the chunk back to static there undid every halving
+  the miss called for (Mooncake at 90%: 0.074x without this, 0.093x with it). The batch share
+  keeps closing (pressure is what its loop answers; closing the tap gives the accelerator back to
+  the interactive requests the attainment counts).
 """
 
 from __future__ import annotations
@@ -101,8 +110,6 @@ _TTFT, _TTFT_PREV, _TPOT, _TPOT_PREV, _PREEMPT, _OOM = (
                                  "tpot_p99_ratio_prev", "preemptions", "ooms"))
 _KV, _KV_PREV, _ATT = (_inverse(n, "linear")
                        for n in ("kv_utilization", "kv_utilization_prev", "slo_attainment"))
-_RUNNING = _I["running_requests"]
-"""a log field: its vector value is above 0 exactly when a request runs"""
 
 
 @dataclass(frozen=True)
@@ -167,22 +174,39 @@ class PidGains:
     """the chunk goes back to the static knob with the window after two calm intervals (the
     rule until 2026-12-07; False: the chunk stays where its loop put it, within its box)"""
     unmeasured_tpot_holds_chunk: bool = True
-    """an interval that finished no request while requests ran measured no TPOT (its ratio reads
-    0): the chunk loop's error is 0 there, no evidence either way (False: the ratio of 0 reads
-    as calm, the rule until 2026-12-07)"""
+    """an interval that finished no request measured no TPOT (its ratio reads 0): the chunk does
+    not move there, and the next interval's move starts from a zero error (False: the ratio of 0
+    reads as calm, the rule until 2026-12-07)"""
+    bad_interval_chunk_by_tpot: bool = True
+    """under ``bad_attainment`` the chunk goes back to static only where the interval's TPOT was
+    measured and met (ratio <= 1); one that measured none holds it, one whose TPOT missed leaves
+    it to its loop (False: every bad interval puts it back, the rule until 2026-12-07)"""
 
 
 def _log_err(ratio: float, setpoint: float) -> float:
     return max(-3.0, min(3.0, math.log2(max(ratio, 1e-3) / setpoint)))
 
 
-def _chunk_err(tpot_ratio: float, e_w: float, running: bool, g: PidGains) -> float:
-    """The chunk loop's error for an interval's TPOT ratio and window error ``e_w``: 0 for a
-    TPOT not measured (a ratio of exactly 0 with requests running: nothing finished) under
-    ``unmeasured_tpot_holds_chunk``."""
-    if g.unmeasured_tpot_holds_chunk and running and tpot_ratio == 0.0:
-        return 0.0
-    return _log_err(tpot_ratio, g.tpot_setpoint) - e_w
+def _chunk_errors(tpot: float, tpot_prev: float, e_w: float, e_w_prev: float,
+                  g: PidGains) -> tuple[float, float]:
+    """The chunk loop's errors now and an interval ago from the TPOT ratios and the window's
+    errors. Under ``unmeasured_tpot_holds_chunk`` a TPOT not measured (a ratio of exactly 0) is
+    no evidence: both errors are 0 when it is now's (so the chunk does not move), the earlier one
+    when it is the last interval's (the move starts from a zero error)."""
+    e = _log_err(tpot, g.tpot_setpoint) - e_w
+    e_prev = _log_err(tpot_prev, g.tpot_setpoint) - e_w_prev
+    if g.unmeasured_tpot_holds_chunk:
+        if tpot == 0.0:
+            return 0.0, 0.0
+        if tpot_prev == 0.0:
+            return e, 0.0
+    return e, e_prev
+
+
+def keeps_chunk_when_bad(tpot: float, g: PidGains) -> bool:
+    """Whether an interval under ``bad_attainment`` with this TPOT ratio leaves the chunk where
+    its loop put it (not measured, or missed) instead of putting it back to static."""
+    return g.bad_interval_chunk_by_tpot and (tpot == 0.0 or tpot > 1.0)
 
 
 def share_error(ttft_p99_ratio: float, g: PidGains) -> float:
@@ -225,9 +249,7 @@ class PidController:
         tpot, tpot_prev = f["tpot_p99_ratio"], f["tpot_p99_ratio_prev"]
         e_w = _log_err(ttft, g.ttft_setpoint)
         e_w_prev = _log_err(ttft_prev, g.ttft_setpoint)
-        running = f["running_requests"] > 0.0
-        e_c = _chunk_err(tpot, e_w, running, g)
-        e_c_prev = _chunk_err(tpot_prev, e_w_prev, running, g)
+        e_c, e_c_prev = _chunk_errors(tpot, tpot_prev, e_w, e_w_prev, g)
         e_k = f["kv_utilization"] - g.kv_setpoint
         if f["preemptions"] > 0.5:
             e_k += g.preempt_push
@@ -268,13 +290,13 @@ class PidController:
         tpot1 = math.expm1(v[_TPOT_PREV[0]] * _TPOT_PREV[1])
         e_t = _log_err(tpot, g.tpot_setpoint)
         e_t1 = _log_err(tpot1, g.tpot_setpoint)
-        if g.unmeasured_tpot_holds_chunk and v[_RUNNING] > 0.0:
-            # requests ran: a ratio of 0 is a TPOT not measured, no evidence for the chunk
-            e_c = 0.0 if tpot == 0.0 else e_t - e_w
-            e_c1 = 0.0 if tpot1 == 0.0 else e_t1 - e_w1
-        else:
-            e_c = e_t - e_w
-            e_c1 = e_t1 - e_w1
+        e_c = e_t - e_w
+        e_c1 = e_t1 - e_w1
+        if g.unmeasured_tpot_holds_chunk:  # a ratio of 0 is a TPOT not measured: no evidence
+            if tpot == 0.0:
+                e_c = e_c1 = 0.0
+            elif tpot1 == 0.0:
+                e_c1 = 0.0
         e_k = (_KV[1] + v[_KV[0]] * _KV[2]) - g.kv_setpoint
         if math.expm1(v[_PREEMPT[0]] * _PREEMPT[1]) > 0.5:
             e_k += g.preempt_push
@@ -292,9 +314,12 @@ class PidController:
             u0 = s0  # two calm intervals: nothing for the window to answer
             if g.calm_static_chunk:
                 u1 = s1
+        oom = math.expm1(v[_OOM[0]] * _OOM[1]) > 0.5
         if attainment < g.bad_attainment:
-            u0, u1, u2 = s0, s1, s2  # the loops are not holding the SLO: back to static
-        elif math.expm1(v[_OOM[0]] * _OOM[1]) > 0.5:
+            u0, u2 = s0, s2  # the loops are not holding the SLO: back to static
+            if oom or not keeps_chunk_when_bad(tpot, g):
+                u1 = s1  # the chunk too, unless its TPOT says it should not be larger
+        elif oom:
             u1, u2 = s1, s2  # activations did not fit: back to the validated chunk and ratio
         # bounded authority, then the ranges. Conditional clamps (0.03 us against 0.4 for
         # min(max(.))) that keep NaN as np.clip does, so action_to_knobs refuses it the same way
