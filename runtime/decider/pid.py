@@ -299,10 +299,11 @@ class PidController:
                 e_c = e_c1 = 0.0
             elif tpot1 == 0.0:
                 e_c1 = 0.0
+        oom = math.expm1(v[_OOM[0]] * _OOM[1]) > 0.5
         e_k = (_KV[1] + v[_KV[0]] * _KV[2]) - g.kv_setpoint
         if math.expm1(v[_PREEMPT[0]] * _PREEMPT[1]) > 0.5:
             e_k += g.preempt_push
-        if math.expm1(v[_OOM[0]] * _OOM[1]) > 0.5:
+        if oom:
             e_k -= g.oom_push
         e_k1 = (_KV_PREV[1] + v[_KV_PREV[0]] * _KV_PREV[2]) - g.kv_setpoint
         u0 -= g.window_kp * (e_w - e_w1) + g.window_ki * e_w
@@ -316,7 +317,6 @@ class PidController:
             u0 = s0  # two calm intervals: nothing for the window to answer
             if g.calm_static_chunk:
                 u1 = s1
-        oom = math.expm1(v[_OOM[0]] * _OOM[1]) > 0.5
         if attainment < g.bad_attainment:
             u0, u2 = s0, s2  # the loops are not holding the SLO: back to static
             if oom or not keeps_chunk_when_bad(tpot, g):
