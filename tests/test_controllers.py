@@ -180,12 +180,35 @@ def test_pid_holds_the_chunk_through_intervals_that_measured_no_tpot():
     # with nothing running as well
     idle = dict(after_miss, running_requests=0.0)
     assert pid.decide(obs(**halved, **idle)).knobs.prefill_chunk_tokens == 1024
-    # read as calm TPOT (the rule before 2026-12-07) it grew back towards the static 2,048
-    grows = PidController(PidGains(unmeasured_tpot_holds_chunk=False))
+    # read as calm TPOT and balanced against a calm TTFT (the rules before 2026-12-07) it grew
+    # back towards the static 2,048
+    grows = PidController(PidGains(unmeasured_tpot_holds_chunk=False, calm_ttft_holds_growth=False))
     assert grows.decide(obs(**halved, **quiet)).knobs.prefill_chunk_tokens > 1024
     # and the calm return put it back at once
-    before = PidController(PidGains(unmeasured_tpot_holds_chunk=False, calm_static_chunk=True))
+    before = PidController(PidGains(unmeasured_tpot_holds_chunk=False, calm_static_chunk=True,
+                                    calm_ttft_holds_growth=False))
     assert before.decide(obs(**halved, **quiet)).knobs.prefill_chunk_tokens == 2048
+
+
+def test_pid_grows_the_chunk_only_where_ttft_is_over_its_set_point():
+    # a long prompt's chunks stalled the decodes and the chunk was halved; now one request
+    # finished with a calm TPOT (0.2 of its SLO) while TTFT is under its set point too (0.3
+    # against 0.6): balanced against each other the two ratios asked for a larger chunk, which
+    # TTFT does not need and the next long prompt's decodes pay for
+    halved = Knobs(5.0, 1024, 0.9).as_dict()
+    calm = dict(ttft_p99_ratio=0.3, ttft_p99_ratio_prev=0.3, tpot_p99_ratio=0.2,
+                tpot_p99_ratio_prev=0.2, slo_attainment=1.0, running_requests=1.0)
+    assert PidController().decide(obs(**halved, **calm)).knobs.prefill_chunk_tokens == 1024
+    balances = PidController(PidGains(calm_ttft_holds_growth=False))
+    assert balances.decide(obs(**halved, **calm)).knobs.prefill_chunk_tokens > 1024
+    # TTFT over its set point asks for faster prefill: the chunk grows
+    hot = dict(calm, ttft_p99_ratio=1.2)
+    assert PidController().decide(obs(**halved, **hot)).knobs.prefill_chunk_tokens > 1024
+    # and a TPOT hotter than TTFT still shrinks it while TTFT is calm
+    miss = dict(calm, tpot_p99_ratio=0.9, tpot_p99_ratio_prev=0.9, ttft_p99_ratio=0.5,
+                ttft_p99_ratio_prev=0.5)
+    moved = Knobs(5.0, 1536, 0.9).as_dict()
+    assert PidController().decide(obs(**moved, **miss)).knobs.prefill_chunk_tokens < 1536
 
 
 def test_pid_moves_the_chunk_after_a_gap_from_a_zero_error():
@@ -211,7 +234,7 @@ def test_a_bad_interval_puts_the_chunk_back_only_where_its_tpot_was_met(tpot, ch
                tpot_p99_ratio_prev=tpot, slo_attainment=0.0, running_requests=1.0)
     k = PidController().decide(obs(**halved, **bad)).knobs
     assert (k.batch_window_ms, k.prefill_chunk_tokens, k.kv_cache_ratio) == (5.0, chunk, 0.9)
-    # every bad interval put it back under the rule before 2026-12-07, and so does an OOM
+    # every bad interval put it back under the rule before 2026-12-08, and so does an OOM
     before = PidController(PidGains(bad_interval_chunk_by_tpot=False))
     assert before.decide(obs(**halved, **bad)).knobs.prefill_chunk_tokens == 2048
     oom = PidController().decide(obs(**halved, **bad, ooms=1.0)).knobs

@@ -71,7 +71,7 @@ vector_entries = st.one_of(
                                  window_box=2.0, chunk_box=2.0, kv_box_down=0.3,
                                  kv_box_up=2.0, calm_static=False),
                         PidGains(calm_static_chunk=True, unmeasured_tpot_holds_chunk=False,
-                                 bad_interval_chunk_by_tpot=False),
+                                 bad_interval_chunk_by_tpot=False, calm_ttft_holds_growth=False),
                         PidGains(bad_interval_chunk_by_tpot=False)]))
 def test_fast_path_matches_the_field_by_field_computation(values, gains):
     pid = PidController(gains)
@@ -111,17 +111,19 @@ def test_fast_path_names_a_non_finite_knob():
 
 
 @pytest.mark.parametrize("gains", [PidGains(), PidGains(bad_interval_chunk_by_tpot=False),
-                                   PidGains(unmeasured_tpot_holds_chunk=False)])
+                                   PidGains(unmeasured_tpot_holds_chunk=False),
+                                   PidGains(calm_ttft_holds_growth=False)])
+@pytest.mark.parametrize("ttft,ttft_prev", [(0.4, 0.5), (1.2, 0.4), (0.4, 1.2)])
 @pytest.mark.parametrize("tpot,tpot_prev", [(0.0, 0.0), (0.0, 2.0), (1.4, 0.0), (0.2, 0.0),
                                             (1.4, 0.9)])
 @pytest.mark.parametrize("attainment,ooms,running", [(1.0, 0.0, 1.0), (0.2, 0.0, 1.0),
                                                      (0.2, 1.0, 1.0), (1.0, 0.0, 0.0)])
-def test_fast_path_matches_where_tpot_went_unmeasured(gains, tpot, tpot_prev, attainment, ooms,
-                                                      running):
+def test_fast_path_matches_where_the_chunk_holds(gains, ttft, ttft_prev, tpot, tpot_prev,
+                                                attainment, ooms, running):
     # the random vectors above rarely put a ratio at exactly 0 with the chunk inside its box,
-    # where the hold and the bad interval's chunk rule show
+    # where the holds and the bad interval's chunk rule show
     fields = {n: 0.0 for n in OBSERVATION_NAMES[:-NUM_KNOBS]} | dict(
-        ttft_p99_ratio=0.4, ttft_p99_ratio_prev=0.5, tpot_p99_ratio=tpot,
+        ttft_p99_ratio=ttft, ttft_p99_ratio_prev=ttft_prev, tpot_p99_ratio=tpot,
         tpot_p99_ratio_prev=tpot_prev, slo_attainment=attainment, ooms=ooms,
         running_requests=running)
     obs = vector_from_fields(fields | {**DEFAULT_KNOBS.as_dict(), "prefill_chunk_tokens": 1536})

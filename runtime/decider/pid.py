@@ -17,17 +17,20 @@ Loops (errors are log2 ratios clipped to +-3, so a 10x overshoot moves no faster
 - prefill chunk <- TPOT against TTFT: ``e = log2(tpot_ratio / tpot_setpoint) -
   log2(ttft_ratio / ttft_setpoint)``. Per-token latency closer to its target than time to first
   token shrinks the chunk (fewer decode stalls); the other way round grows it (faster prefill).
-  An interval that finished no request measured no TPOT (its ratio reads 0): the chunk does
-  not move there, no evidence either way, and the next measured interval moves it from a zero
-  error (``unmeasured_tpot_holds_chunk``). Wherever one or two requests run at a time most
-  intervals finish nothing: read as calm TPOT (the rule until 2026-12-07), a chunk halved after a
-  TPOT miss grew back within an interval or two; read as a zero error in the velocity form (the
-  first hold, the same day), the next unmeasured interval took back the proportional step the
-  miss had made, and only the integral's stayed. Held, with the bad interval's chunk rule below,
-  the PID's capacity at 99% on the held-out Azure code window under shed at slack 0.5 is 0.569x
-  (0.285x under the rules before 2026-12-07, 0.495x under the first hold; the static default
-  0.279x), on Mooncake's long-context trace at 90% 0.089x (0.052x, 0.065x; static 0.052x)
-  (docs/results.md, "Traffic none of the policies saw").
+  The chunk moves only on evidence. An interval that finished no request measured no TPOT (its
+  ratio reads 0, ``unmeasured_tpot_holds_chunk``), and one that asks for a larger chunk while
+  TTFT is under its set point asks for what nothing needs (``calm_ttft_holds_growth``: the chunk
+  grows for TTFT, and a calm TPOT next to a calmer TTFT is no call for faster prefill): the chunk
+  does not move there, and the next interval with evidence moves it from a zero error. Wherever
+  one or two requests run at a time most intervals finish nothing: read as calm TPOT (the rule
+  until 2026-12-07), a chunk halved after a TPOT miss grew back within an interval or two; read
+  as a zero error in the velocity form (the first hold, 2026-12-07), the next unmeasured interval
+  took back the proportional step the miss had made; and each request that then finished calm
+  grew it again. With the bad interval's chunk rule below, the PID's capacity on the held-out
+  Azure code window under shed at slack 0.5 is 0.576x at 99% and 1.01x at 90% (0.285x / 0.545x
+  under the rules before 2026-12-07, 0.495x / 0.878x under the first hold; the static default
+  0.279x / 0.511x), on Mooncake's long-context trace at 90% 0.093x (0.052x, 0.065x; static
+  0.052x) (docs/results.md, "Traffic none of the policies saw").
 - KV ratio <- KV pressure: ``e = kv_utilization - kv_setpoint``, plus one unit per interval with
   preemptions (more KV needed) and minus ``oom_push`` when an OOM happened (activations need room).
   The sign is inverted: pressure raises the ratio.
@@ -73,7 +76,7 @@ at 2x). Four guards bound it around the static knobs (``static``, the decider's 
   (``bad_interval_chunk_by_tpot``): a bad interval is no evidence against a smaller chunk unless
   TPOT was met. Where one request finishes an interval, the interval that measures a TPOT miss is
   the interval whose attainment is 0: putting the chunk back to static there undid every halving
-  the miss called for (Mooncake at 90%: 0.071x without this, 0.089x with it). The batch share
+  the miss called for (Mooncake at 90%: 0.074x without this, 0.093x with it). The batch share
   keeps closing (pressure is what its loop answers; closing the tap gives the accelerator back to
   the interactive requests the attainment counts).
 """
@@ -122,11 +125,12 @@ class PidGains:
     hand-set gains they replaced (window 0.1/0.05, chunk 0.1/0.05, KV 0.5/0.2, set points
     0.5/0.7/0.85, pushes 0.3/1.0). The search found a slow chunk loop and a fast KV-ratio
     integrator best: the ratio follows KV pressure within seconds, the chunk drifts.
-    Re-measured on 2026-12-07 (``batchpilot tune-pid --candidates 1``, the engine changed since):
-    85.63% under the chunk's hold in place and the bad interval's chunk rule, 84.55% under the
-    first hold of that day, 82.34% under the earlier rules, 81.94% for the static default; the
-    one window these gains attain less on than the static default is azure-conv x1.75 (68.1%
-    against 68.7%; 68.6% under the first hold)."""
+    Re-measured on 2026-12-08 (``batchpilot tune-pid --candidates 1``, the engine changed since):
+    85.85% under the chunk rules of that day (held where TPOT went unmeasured, grown only where
+    TTFT is over its set point, kept through a bad interval unless TPOT was met), at or above the
+    static default on every window; 84.55% under the first hold of 2026-12-07 (azure-conv x1.75
+    68.6% against the static default's 68.7%), 82.34% under the rules before it, 81.94% for the
+    static default."""
 
     window_kp: float = 0.25
     window_ki: float = 0.01
@@ -178,30 +182,45 @@ class PidGains:
     unmeasured_tpot_holds_chunk: bool = True
     """an interval that finished no request measured no TPOT (its ratio reads 0): the chunk does
     not move there, and the next interval's move starts from a zero error (False: the ratio of 0
-    reads as calm, the rule until 2026-12-07)"""
+    reads as calm, the rule until 2026-12-07; the first hold of that day read it as a zero error,
+    from which the velocity form took the last step back)"""
+    calm_ttft_holds_growth: bool = True
+    """the chunk grows only where TTFT is over its set point: an interval whose chunk error asks
+    for a larger chunk (TPOT calmer than TTFT) while TTFT is under its set point leaves the chunk
+    where it is, and the next interval moves it from a zero error (False: the loop balances the
+    two ratios while TTFT is calm, the rule until 2026-12-08)"""
     bad_interval_chunk_by_tpot: bool = True
     """under ``bad_attainment`` the chunk goes back to static only where the interval's TPOT was
     measured and met (ratio <= 1); one that measured none holds it, one whose TPOT missed leaves
-    it to its loop (False: every bad interval puts it back, the rule until 2026-12-07)"""
+    it to its loop (False: every bad interval puts it back, the rule until 2026-12-08)"""
 
 
 def _log_err(ratio: float, setpoint: float) -> float:
     return max(-3.0, min(3.0, math.log2(max(ratio, 1e-3) / setpoint)))
 
 
+def _chunk_evidence(tpot: float, e: float, e_w: float, g: PidGains) -> bool:
+    """Whether an interval with TPOT ratio ``tpot``, chunk error ``e`` and window error ``e_w``
+    says anything to the chunk loop: not where its TPOT went unmeasured (a ratio of exactly 0,
+    under ``unmeasured_tpot_holds_chunk``), nor where the error calls for a larger chunk while
+    TTFT is under its set point (``calm_ttft_holds_growth``)."""
+    if g.unmeasured_tpot_holds_chunk and tpot == 0.0:
+        return False
+    return not (g.calm_ttft_holds_growth and e < 0.0 and e_w < 0.0)
+
+
 def _chunk_errors(tpot: float, tpot_prev: float, e_w: float, e_w_prev: float,
                   g: PidGains) -> tuple[float, float]:
     """The chunk loop's errors now and an interval ago from the TPOT ratios and the window's
-    errors. Under ``unmeasured_tpot_holds_chunk`` a TPOT not measured (a ratio of exactly 0) is
-    no evidence: both errors are 0 when it is now's (so the chunk does not move), the earlier one
-    when it is the last interval's (the move starts from a zero error)."""
+    errors. An interval without evidence (:func:`_chunk_evidence`) counts as a zero error: both
+    are 0 when it is now (so the chunk does not move), the earlier one when it is the last
+    interval (the move starts from a zero error)."""
     e = _log_err(tpot, g.tpot_setpoint) - e_w
     e_prev = _log_err(tpot_prev, g.tpot_setpoint) - e_w_prev
-    if g.unmeasured_tpot_holds_chunk:
-        if tpot == 0.0:
-            return 0.0, 0.0
-        if tpot_prev == 0.0:
-            return e, 0.0
+    if not _chunk_evidence(tpot, e, e_w, g):
+        return 0.0, 0.0
+    if not _chunk_evidence(tpot_prev, e_prev, e_w_prev, g):
+        return e, 0.0
     return e, e_prev
 
 
@@ -294,11 +313,13 @@ class PidController:
         e_t1 = _log_err(tpot1, g.tpot_setpoint)
         e_c = e_t - e_w
         e_c1 = e_t1 - e_w1
-        if g.unmeasured_tpot_holds_chunk:  # a ratio of 0 is a TPOT not measured: no evidence
-            if tpot == 0.0:
-                e_c = e_c1 = 0.0
-            elif tpot1 == 0.0:
-                e_c1 = 0.0
+        # an interval without evidence for the chunk (_chunk_evidence) counts as a zero error:
+        # a TPOT not measured (its ratio reads 0), or growth asked for while TTFT is calm
+        hold0, calm = g.unmeasured_tpot_holds_chunk, g.calm_ttft_holds_growth
+        if (hold0 and tpot == 0.0) or (calm and e_c < 0.0 and e_w < 0.0):
+            e_c = e_c1 = 0.0
+        elif (hold0 and tpot1 == 0.0) or (calm and e_c1 < 0.0 and e_w1 < 0.0):
+            e_c1 = 0.0
         oom = math.expm1(v[_OOM[0]] * _OOM[1]) > 0.5
         e_k = (_KV[1] + v[_KV[0]] * _KV[2]) - g.kv_setpoint
         if math.expm1(v[_PREEMPT[0]] * _PREEMPT[1]) > 0.5:

@@ -2,9 +2,9 @@
 a fallback is never worse than the static default).
 
 An experiment, not a tool: it produced the PID's capacity against the static default's quoted in
-docs/arena.md (the baselines: held-out Azure code, 0.563x under fcfs and 0.569x under shed at
+docs/arena.md (the baselines: held-out Azure code, 0.557x under fcfs and 0.576x under shed at
 slack 0.5, against 0.279x; 0.285x under the rules before 2026-12-07, 0.247x without their calm
-return to static; run on 2026-12-07 with ``--traces azure-code --loads 0.28,0.5,1``, 10 s) and in
+return to static; run on 2026-12-08 with ``--traces azure-code --loads 0.28,0.5,1``, 10 s) and in
 runtime/decider/pid.py; the arena (``batchpilot evaluate --controllers static,pid``) measures the
 first two in every run.
 
@@ -14,7 +14,8 @@ first two in every run.
 For each held-out trace window and admission setting (fcfs, and shed at slack 0.5): capacity at
 99% attainment (bisection to 2%) and SLO attainment at each load, for ``static``, the PID with
 its default gains (``pid``), the PID under the rules before 2026-12-07 (``pid-before``: the chunk
-back to static when calm and in every bad interval, a TPOT not measured read as calm) and those
+back to static when calm and in every bad interval, a TPOT not measured read as calm, the chunk
+grown while TTFT was calm) and those
 without the calm return to static (``pid-drift``, the gains before it).
 """
 
@@ -34,7 +35,7 @@ from runtime.engine.engine import EngineConfig
 ADMISSIONS = (("fcfs", 1.0), ("shed", 0.5))
 """(admission policy, admission slack) pairs measured"""
 BEFORE = {"calm_static_chunk": True, "unmeasured_tpot_holds_chunk": False,
-          "bad_interval_chunk_by_tpot": False}
+          "bad_interval_chunk_by_tpot": False, "calm_ttft_holds_growth": False}
 """the PID's rules before 2026-12-07"""
 
 
