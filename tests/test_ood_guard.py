@@ -98,6 +98,66 @@ def test_the_embedded_guard_waits_a_few_intervals_and_gives_control_back_after_a
     assert all(g2.observe(LONG if i % 4 == 0 else INSIDE) for i in range(40))
 
 
+def test_control_given_back_is_on_probation_and_each_trip_asks_for_a_longer_calm():
+    d = DIST
+    g = OodGuard(d)
+
+    def trip() -> None:
+        while g.observe(LONG):
+            pass
+
+    def calm() -> int:
+        """intervals in until the policy decides again"""
+        n = 1
+        while not g.observe(INSIDE):
+            n += 1
+        return n
+
+    trip()
+    holds = []
+    for _ in range(6):
+        holds.append(calm())
+        # just given back: one interval out hands control over again at once
+        assert not g.observe(LONG) and g.tripped
+    assert holds == [d.window, 2 * d.window, 4 * d.window, 8 * d.window, 16 * d.window,
+                     min(32 * d.window, g.max_hold)]
+    assert g.num_trips == 7
+    # past probation, the patience rule again; and a policy that held the traffic long enough
+    # starts the back-off over
+    while g.observe(INSIDE) is False:
+        pass
+    assert all(g.observe(INSIDE) for _ in range(g.max_hold))
+    assert g.hold == d.window
+    assert g.observe(LONG)  # past probation, one interval out is tolerated again
+    # a reset starts over, at the first hold and off probation
+    trip()
+    calm()
+    g.reset()
+    assert not g.tripped and g.hold == d.window
+    assert [g.observe(LONG) for _ in range(d.patience)][-1] is False
+    assert g.observe(INSIDE) is False
+    with pytest.raises(ValueError, match="backoff"):
+        OodGuard(d, backoff=0)
+    with pytest.raises(ValueError, match="max_hold"):
+        OodGuard(d, max_hold=d.window - 1)
+
+
+def test_a_burst_of_arrivals_trips_the_guard_without_a_back_off_or_a_probation():
+    """A rate past the training range is a state of the traffic that passes (a flash crowd),
+    not the workload's make-up: each such trip asks for one window in, and control given back
+    after it tolerates an interval out as before."""
+    burst = observation(prompt_tokens_mean=1200.0, arrival_rate_rps=500.0)
+    d = DIST
+    g = OodGuard(d)
+    for _ in range(5):
+        assert [g.observe(burst) for _ in range(d.patience)][-1] is False
+        assert [g.observe(INSIDE) for _ in range(d.window)] == [False] * (d.window - 1) + [True]
+        assert g.hold == d.window
+        assert g.observe(burst)  # no probation: one interval out is tolerated
+        assert all(g.observe(INSIDE) for _ in range(d.window))
+    assert g.num_trips == 5
+
+
 def test_an_interval_without_arrivals_is_no_evidence_on_the_prompts():
     # training that had idle intervals: an idle one (no arrival, prompt fields 0) is in range
     rng = np.random.default_rng(1)

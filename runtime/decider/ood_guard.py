@@ -32,15 +32,36 @@ decider's rule (:class:`OodGuard`):
 
 - The embedded runtime, which sees every interval, hands control to the fallback once at least
   ``patience`` of the last ``window`` intervals were out (4 of 8 by default: a second out of two
-  at 0.25 s intervals), and gives it back once ``window`` intervals in a row were in (so it does
-  not flap on traffic at the edge). A burst that leaves the range for an interval or two does
-  not switch the policy off. The prompt fields count over the last ``window`` intervals in
-  which requests arrived, the others over the last ``window`` intervals: where long prompts come
-  one every few seconds (Mooncake's long-context trace near capacity) the idle intervals
-  between them read in on every field, and counted for the prompts too, they kept the guard
-  from ever handing over: the shipped set's policy decided every interval at x0.1 and attained
-  81.44%; the guard now hands 99% of them to the PID, 82.37% (docs/results.md, "Traffic none of
-  the policies saw"). An idle interval still counts for the arrival rate, which it measures.
+  at 0.25 s intervals). A burst that leaves the range for an interval or two does not switch
+  the policy off. The prompt fields count over the last ``window`` intervals in which requests
+  arrived, the others over the last ``window`` intervals: where long prompts come one every few
+  seconds (Mooncake's long-context trace near capacity) the idle intervals between them read in
+  on every field, and counted for the prompts too, they kept the guard from ever handing over:
+  the shipped set's policy decided every interval at x0.1 and attained 81.44%; the guard now
+  hands 99% of them to the PID, 82.37% (docs/results.md, "Traffic none of the policies saw").
+  An idle interval still counts for the arrival rate, which it measures.
+- It gives control back once the last ``window`` intervals were in on the fields other than
+  the prompts' and the last ``window`` intervals with arrivals in on the prompts' (an idle
+  interval is no evidence of the prompts either way), so it does not flap on traffic at the
+  edge.
+- Prompts out of range are the workload's make-up, not a passing state: where long prompts
+  come and go (Mooncake's trace), the intervals whose arrivals happened to be short are samples
+  of the same traffic. So after a trip on the prompt fields the run of intervals with arrivals
+  in range that gives control back (:attr:`OodGuard.hold`) is ``window`` the first time and
+  doubles with each such trip after, up to :data:`DEFAULT_MAX_HOLD` (the back-off of a breaker
+  that keeps tripping); and control given back is on probation: until the policy has decided
+  ``hold`` intervals with arrivals in range, one with prompts out hands control over again at
+  once (as a breaker's half-open state does). On Mooncake's trace, under the patience rule
+  alone, the policy got control back four times for 43-61 intervals each, raised the chunk to
+  about 2,000 tokens and lent memory while the next long prompts arrived, and the set was a
+  bisection step under its fallback; now it decides 53 of 25,323 intervals at x0.092 (the
+  first 20, before any trip, and one run of 33) and is level with it (docs/results.md). Once
+  the policy has decided :data:`DEFAULT_MAX_HOLD` intervals in a row, the back-off starts
+  over. A trip on the arrival rate or the co-tenant's
+  demand (a flash crowd, a co-tenant's surge) keeps the plain rule: a window in gives control
+  back, with no back-off and no probation. Applied to them too, the back-off and the probation
+  put the set under the static default on the flash-crowd family at 99% (x0.0884 against
+  x0.0894) and cost it x1.48 to x1.46 at 90%.
 - A client's observation (REST) is judged alone: the decision service keeps no client's history
   (any replica answers any request), so an observation outside the range is decided by the
   fallback, and one client's observations never change what another gets.
@@ -77,6 +98,12 @@ DEFAULT_PATIENCE = 4
 """intervals out among the last ``window`` that hand control to the fallback"""
 DEFAULT_WINDOW = 8
 """intervals the embedded guard remembers; that many in a row in give control back"""
+DEFAULT_BACKOFF = 2
+"""each trip on the prompt fields multiplies the run of intervals with arrivals in range that
+gives control back by this"""
+DEFAULT_MAX_HOLD = 256
+"""the longest such run; the policy deciding that many intervals in a row starts the back-off
+over (64 s at 0.25 s intervals)"""
 MIN_SAMPLES = 1000
 """the fewest training observations a distribution is measured from"""
 CHECKED = ("arrival_rate_rps", "arrival_rate_change_rps", "prompt_tokens_mean",
@@ -268,10 +295,22 @@ class OodGuard:
     """Whether the policy may decide, interval by interval (see the module docstring).
 
     :param distribution: the policy's training observation distribution
+    :param backoff: each trip on the prompt fields multiplies the run of intervals with
+        arrivals in range that gives control back by this (1: always ``window``)
+    :param max_hold: the longest such run, and the run of policy decisions that starts the
+        back-off over
     """
 
-    def __init__(self, distribution: ObservationDistribution) -> None:
+    def __init__(self, distribution: ObservationDistribution, *, backoff: int = DEFAULT_BACKOFF,
+                 max_hold: int = DEFAULT_MAX_HOLD) -> None:
+        if backoff < 1:
+            raise ValueError(f"the guard's backoff must be >= 1, got {backoff}")
+        if max_hold < distribution.window:
+            raise ValueError(f"the guard's max_hold must be >= its window "
+                             f"({distribution.window}), got {max_hold}")
         self.distribution = distribution
+        self.backoff = backoff
+        self.max_hold = max_hold
         self._recent: deque[bool] = deque(maxlen=distribution.window)
         """whether each of the last intervals was out on a field other than the prompts'"""
         self._out_recent = 0
@@ -280,6 +319,20 @@ class OodGuard:
         self._prompt_out_recent = 0
         self.tripped = False
         """whether the fallback has control now (embedded runtime)"""
+        self.hold = distribution.window
+        """the run of intervals with arrivals in range that gives control back after a trip on
+        the prompt fields (see the module docstring)"""
+        self._run = 0
+        """intervals in a row in on the fields other than the prompts'"""
+        self._prompt_run = 0
+        """intervals with arrivals in a row in on the prompt fields (idle ones not counted)"""
+        self._policy_run = 0
+        """intervals in a row the guard let the policy decide"""
+        self._probation = 0
+        """intervals with arrivals the policy must still decide in range before one out on the
+        prompts is no longer enough to hand control back to the fallback"""
+        self._by_prompts = False
+        """whether the latest trip was the prompt fields'"""
         self.num_trips = 0
         """times control went to the fallback"""
         self.intervals_out = 0
@@ -307,13 +360,29 @@ class OodGuard:
         self._out_recent += _push(self._recent, other is not None)
         if v[_ARRIVALS] != 0.0:  # the prompt fields were measured
             self._prompt_out_recent += _push(self._recent_prompt, prompt is not None)
-        if not self.tripped and (self._out_recent >= d.patience
-                                 or self._prompt_out_recent >= d.patience):
-            self.tripped = True
-            self.num_trips += 1
-        elif (self.tripped and self._out_recent == 0 and self._prompt_out_recent == 0
-              and len(self._recent) == self._recent.maxlen):
+            self._prompt_run = self._prompt_run + 1 if prompt is None else 0
+        self._run = self._run + 1 if other is None else 0
+        if not self.tripped:
+            by_prompts = (self._prompt_out_recent >= d.patience
+                          or (self._probation > 0 and prompt is not None))
+            if by_prompts or self._out_recent >= d.patience:
+                self.tripped = True
+                self.num_trips += 1
+                self._by_prompts = by_prompts
+            else:
+                self._policy_run += 1
+                if self._probation and v[_ARRIVALS] != 0.0:
+                    self._probation -= 1
+                if self._policy_run >= self.max_hold:  # the policy held the traffic: start over
+                    self.hold = d.window
+        elif self._run >= d.window and (
+                self._prompt_run >= self.hold if self._by_prompts
+                else self._prompt_out_recent == 0):
             self.tripped = False
+            self._policy_run = 0
+            if self._by_prompts:
+                self._probation = self.hold
+                self.hold = min(self.hold * self.backoff, self.max_hold)
         return not self.tripped
 
     def allows_client(self, v: Sequence[float]) -> bool:
@@ -331,13 +400,16 @@ class OodGuard:
         self._recent_prompt.clear()
         self._prompt_out_recent = 0
         self.tripped = False
+        self.hold = self.distribution.window
+        self._run = self._prompt_run = self._policy_run = self._probation = 0
+        self._by_prompts = False
 
     def describe(self) -> dict:
         """What ``GET /v1/policy`` shows: the rule, the state and the last field out."""
         d = self.distribution
         return {"tripped": self.tripped,
                 "recent_out": max(self._out_recent, self._prompt_out_recent),
-                "num_trips": self.num_trips, "intervals_out": self.intervals_out,
+                "num_trips": self.num_trips, "hold": self.hold, "intervals_out": self.intervals_out,
                 "client_out": self.client_out, "last_field": self.last_field,
                 "last_value": self.last_value, "patience": d.patience, "window": d.window,
                 "quantiles": list(d.quantiles), "margin": d.margin, "samples": d.samples,
