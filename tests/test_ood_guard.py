@@ -24,6 +24,7 @@ from runtime.observation import OBSERVATION_INDEX
 from tests.conftest import observation, raw_fields
 
 PROMPT = OBSERVATION_INDEX["prompt_tokens_mean"]
+SHIPPED_SET = Path(__file__).resolve().parents[1] / "checkpoints" / "shipped" / "policies.json"
 
 
 def trained_on(n: int = 2000, seed: int = 0) -> np.ndarray:
@@ -342,3 +343,35 @@ def test_the_arenas_policy_hands_over_to_the_deployments_static_knobs(guarded_po
     assert decision.source == "pid"
     assert decision.knobs.admission_slack == make_controller("pid", spec).decide(
         LONG).knobs.admission_slack == 0.5
+
+
+@pytest.mark.training_stack
+def test_the_shipped_set_is_level_with_its_fallback_between_mooncakes_long_prompts(tmp_path):
+    """Mooncake's long-context trace near the PID's capacity at 90% (x0.092, the shipped
+    deployment): the guard keeps the PID in control between the long prompts, and the set
+    attains at least what the PID alone does. Under the plain give-back rule the policy got
+    control back four times there (238 intervals), raised the chunk and lent memory while the
+    next long prompts arrived, and the set was a bisection step under the PID."""
+    import json
+
+    from agents.evaluate import main
+    from env.traces.locations import mooncake_trace_path
+
+    try:
+        mooncake_trace_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    out = tmp_path / "arena"
+    assert main(["--trace", "mooncake", "--split", "all", "--controllers",
+                 f"pid,policy:{SHIPPED_SET}", "--rate-scales", "0.092",
+                 "--admission", "shed", "--admission-slack", "0.5", "--cotenant",
+                 "--no-capacity", "--past-capacity", "", "--scorecard-loads", "",
+                 "--frontier-ratios", "", "--slo", "long-context", "--model", "llama3.1-8b",
+                 "--accelerator", "h100", "--memory-gib", "40", "--json",
+                 "--out", str(out)]) == 0
+    rows = {r["controller"].split(":")[0]: r
+            for r in json.loads((out / "results.json").read_text())["rows"]}
+    pid, policy = rows["pid"], rows["policy"]
+    assert policy["decision_sources"].get("policy", 0) <= 0.005 * sum(
+        policy["decision_sources"].values())
+    assert policy["interactive_attainment"] >= pid["interactive_attainment"] - 1e-9
