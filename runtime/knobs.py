@@ -78,6 +78,19 @@ NUM_KNOBS = len(KNOB_SPECS)
 KNOB_SPEC_BY_NAME: dict[str, KnobSpec] = {k.name: k for k in KNOB_SPECS}
 
 
+def check_knob(name: str, value: float) -> float:
+    """``value`` if it is a setting the knob ``name`` can take (within its range; the chunk a
+    multiple of the KV block size); else ValueError naming the knob and its range. For
+    settings that name one knob at a time (a server's static knobs)."""
+    spec = KNOB_SPEC_BY_NAME[name]
+    if not spec.low <= value <= spec.high:
+        raise ValueError(f"{spec.name} must lie in [{spec.low:g}, {spec.high:g}] {spec.unit}, "
+                         f"got {value:g}")
+    if spec.name == "prefill_chunk_tokens" and value % BLOCK_SIZE_TOKENS:
+        raise ValueError(f"{spec.name} must be a multiple of {BLOCK_SIZE_TOKENS}, got {value:g}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class Knobs:
     """One setting of the five knobs, always within range (the constructor checks). The last two

@@ -36,6 +36,7 @@ from runtime.api.settings import ENV_PREFIX, Settings, SettingsError, load_setti
 from runtime.decider.breaker import CircuitBreaker
 from runtime.decider.decision import MODEL_MISSING
 from runtime.decider.guard import GuardedDecider
+from runtime.decider.pid import PidController
 
 log = logging.getLogger("runtime.server")
 WORKER_START_S = 60.0
@@ -47,16 +48,18 @@ def decider_from_settings(settings: Settings) -> GuardedDecider:
     are the clients', and no client's reading may switch the policy off for the others (see
     :mod:`runtime.decider.breaker`)."""
     breaker = CircuitBreaker(trip_after=0)
+    static = settings.static_knobs()
+    common: dict = {"max_step": settings.max_step, "breaker": breaker,
+                    "max_policy_bytes": settings.max_policy_bytes,
+                    "pid": PidController(static=static), "static_knobs": static}
     try:
         path = settings.start_policy_path()
     except ValueError as e:
-        decider = GuardedDecider(None, max_step=settings.max_step, breaker=breaker,
-                                 max_policy_bytes=settings.max_policy_bytes)
+        decider = GuardedDecider(None, **common)
         decider.refuse_start_policy(MODEL_MISSING, str(e))
         log.warning("no policy, deciding with the PID: %s", e)
         return decider
-    return GuardedDecider(path, max_step=settings.max_step, breaker=breaker,
-                          max_policy_bytes=settings.max_policy_bytes)
+    return GuardedDecider(path, **common)
 
 
 async def _client_disconnect(request: Request, exc: ClientDisconnect) -> Response:

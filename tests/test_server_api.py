@@ -637,3 +637,44 @@ def test_reloads_refused_without_reading_a_file_are_answered_late(client, policy
         assert r.status_code == status, body
         assert time.perf_counter() - t0 >= UNREAD_REFUSAL_DELAY_S, body
     assert client.get("/v1/policy").json()["num_failed_reloads"] == 3
+
+
+def test_the_deployments_static_knobs_bind_the_fallback_and_stand_for_a_clients_missing_ones(
+        tmp_path):
+    """A server deployed as the shipped policies are (slack 0.5) with a 1,024-token chunk: with
+    no policy the PID decides around those knobs (the server's PID held the static default's,
+    slack 1), a client that names no knobs is read as running them, and ``GET /v1/policy`` says
+    what they are."""
+    from runtime.decider.pid import PidController
+    from runtime.knobs import KNOB_NAMES
+
+    static = Knobs(5.0, 1024, 0.9, 1.0, 0.5)
+    client = make_client(tmp_path, policy_file="", static_prefill_chunk_tokens=1024,
+                         static_admission_slack=0.5)
+    fields = raw_fields(static)
+    expected = PidController(static=static).decide(vector_from_fields(fields)).knobs.as_dict()
+    assert expected["admission_slack"] == 0.5
+    assert PidController().decide(vector_from_fields(fields)).knobs.admission_slack != 0.5
+    r = client.post("/v1/decide", json=fields)
+    assert r.status_code == 200, r.text
+    assert r.json()["source"] == "pid" and r.json()["knobs"] == expected
+    bare = {k: v for k, v in fields.items() if k not in KNOB_NAMES}
+    r = client.post("/v1/decide", json=bare)
+    assert r.status_code == 200, r.text
+    assert r.json()["knobs"] == expected
+    assert client.get("/v1/policy").json()["static_knobs"] == static.as_dict()
+
+
+@pytest.mark.parametrize("variable, value, says", [
+    ("BATCHPILOT_STATIC_PREFILL_CHUNK_TOKENS", "1000", "multiple of 16"),
+    ("BATCHPILOT_STATIC_KV_CACHE_RATIO", "0.99", "less than or equal to 0.95"),
+    ("BATCHPILOT_STATIC_ADMISSION_SLACK", "nan", "finite"),
+])
+def test_a_static_knob_out_of_its_range_is_refused_with_its_variable(monkeypatch, variable,
+                                                                      value, says):
+    from runtime.api.settings import SettingsError, load_settings
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as e:
+        load_settings()
+    assert str(e.value).startswith(f"{variable}: ") and says in str(e.value), str(e.value)

@@ -14,7 +14,14 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runtime.decider.guard import DEFAULT_MAX_STEP
@@ -25,6 +32,7 @@ from runtime.decider.policy_set import (
     WORKLOAD_NAME_PATTERN,
     PolicySet,
 )
+from runtime.knobs import DEFAULT_KNOBS, KNOB_SPEC_BY_NAME, Knobs, check_knob
 from runtime.locations import CHECKPOINTS_DIR_ENV, shipped_policy_dir
 
 ENV_PREFIX = "BATCHPILOT_"
@@ -44,6 +52,12 @@ MAX_TIMEOUT_S = 300.0
 def _seconds(default: float) -> Any:
     """A finite timeout in (0, :data:`MAX_TIMEOUT_S`] seconds."""
     return Field(default, gt=0.0, le=MAX_TIMEOUT_S, allow_inf_nan=False)
+
+
+def _knob(name: str) -> Any:
+    """A static knob's setting: the static default's value, within the knob's range."""
+    spec = KNOB_SPEC_BY_NAME[name]
+    return Field(getattr(DEFAULT_KNOBS, name), ge=spec.low, le=spec.high, allow_inf_nan=False)
 
 
 class Settings(BaseSettings):
@@ -114,6 +128,19 @@ class Settings(BaseSettings):
     """the same for the worker of batch bodies up to 256 KB (0: the server's priority; their
     work is bounded and queued fairly, and at a lower priority a small batch waited for a CPU
     behind every busy process)"""
+    static_batch_window_ms: float = _knob("batch_window_ms")
+    """the deployment's static knobs, which the PID fallback is bound around and returns to and
+    which the last resort answers, and the knobs a client's observation is assumed to run when
+    it gives none: ``batch_window_ms``"""
+    static_prefill_chunk_tokens: int = _knob("prefill_chunk_tokens")
+    """static ``prefill_chunk_tokens`` (a multiple of the KV block size, 16)"""
+    static_kv_cache_ratio: float = _knob("kv_cache_ratio")
+    """static ``kv_cache_ratio``"""
+    static_batch_share: float = _knob("batch_share")
+    """static ``batch_share``"""
+    static_admission_slack: float = _knob("admission_slack")
+    """static ``admission_slack``, in TTFT targets (the shipped policies' deployment sheds at
+    0.5)"""
     require_policy: bool = False
     """``GET /readyz`` answers 503 while no policy is loaded (else PID alone counts as ready)"""
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
@@ -121,6 +148,18 @@ class Settings(BaseSettings):
     access_log: bool = False
     """log every request (off by default: at thousands of requests per second it costs more
     than the decisions)"""
+
+    @field_validator("static_batch_window_ms", "static_prefill_chunk_tokens",
+                     "static_kv_cache_ratio", "static_batch_share", "static_admission_slack")
+    @classmethod
+    def _knob_in_range(cls, value: float, info: ValidationInfo) -> float:
+        return check_knob(str(info.field_name).removeprefix("static_"), value)
+
+    def static_knobs(self) -> Knobs:
+        """The static knobs the settings name."""
+        return Knobs(self.static_batch_window_ms, self.static_prefill_chunk_tokens,
+                     self.static_kv_cache_ratio, self.static_batch_share,
+                     self.static_admission_slack)
 
     @field_validator("log_level", "http", mode="before")
     @classmethod

@@ -37,7 +37,7 @@ from runtime.engine.admission import AdmissionPolicy
 from runtime.engine.config import EngineConfig
 from runtime.engine.profile import Profile
 from runtime.engine.slo import SloTarget, slo_classes_from_arg
-from runtime.knobs import BLOCK_SIZE_TOKENS, DEFAULT_KNOBS, KNOB_SPEC_BY_NAME, Knobs
+from runtime.knobs import DEFAULT_KNOBS, Knobs, check_knob
 from runtime.locations import profiles_dir, shipped_policy_dir
 
 ENV_PREFIX = "BATCHPILOT_VLLM_"
@@ -59,8 +59,6 @@ the static knobs held (the controller still closes every interval and reports it
 class ServeSettingsError(ValueError):
     """Settings that cannot be used; the message names every variable at fault."""
 
-
-_K = KNOB_SPEC_BY_NAME
 
 
 class ServeSettings(BaseModel):
@@ -137,14 +135,7 @@ class ServeSettings(BaseModel):
                      "static_kv_cache_ratio", "static_batch_share", "static_admission_slack")
     @classmethod
     def _knob_in_range(cls, value: float, info: ValidationInfo) -> float:
-        spec = _K[str(info.field_name).removeprefix("static_")]
-        if not spec.low <= value <= spec.high:
-            raise ValueError(f"{spec.name} must lie in [{spec.low:g}, {spec.high:g}] "
-                             f"{spec.unit}, got {value:g}")
-        if spec.name == "prefill_chunk_tokens" and value % BLOCK_SIZE_TOKENS:
-            raise ValueError(f"{spec.name} must be a multiple of {BLOCK_SIZE_TOKENS}, got "
-                             f"{value:g}")
-        return value
+        return check_knob(str(info.field_name).removeprefix("static_"), value)
 
     @field_validator("slo")
     @classmethod
