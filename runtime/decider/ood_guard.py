@@ -57,11 +57,11 @@ decider's rule (:class:`OodGuard`):
   bisection step under its fallback; now it decides 53 of 25,323 intervals at x0.092 (the
   first 20, before any trip, and one run of 33) and is level with it (docs/results.md). Once
   the policy has decided :data:`DEFAULT_MAX_HOLD` intervals in a row, the back-off starts
-  over. A trip on the arrival rate or the co-tenant's
-  demand (a flash crowd, a co-tenant's surge) keeps the plain rule: a window in gives control
-  back, with no back-off and no probation. Applied to them too, the back-off and the probation
-  put the set under the static default on the flash-crowd family at 99% (x0.0884 against
-  x0.0894) and cost it x1.48 to x1.46 at 90%.
+  over. A trip on the arrival rate or the co-tenant's demand (a flash crowd, a co-tenant's
+  surge) keeps the plain rule: a window in gives control back, with no back-off and no
+  probation. Applied to them too, the back-off and the probation put the set under the static
+  default on the flash-crowd family at 99% (x0.0884 against x0.0894) and cost it x1.48 to
+  x1.46 at 90%.
 - A client's observation (REST) is judged alone: the decision service keeps no client's history
   (any replica answers any request), so an observation outside the range is decided by the
   fallback, and one client's observations never change what another gets.
